@@ -1,0 +1,74 @@
+"""The `driftfl` command.
+
+    driftfl run [hydra overrides]       one experiment in local Ray simulation
+    driftfl run -m [sweep overrides]    a Hydra multirun: one run directory per job
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+USAGE = """usage: driftfl <command> [arguments]
+
+commands:
+  run [overrides]     run one experiment in local simulation, e.g.
+                      driftfl run strategy=fedprox strategy.mu=0.01 partition.alpha=0.1 rounds=20
+  run -m [overrides]  sweep (Hydra multirun), e.g. driftfl run -m strategy=fedavg,fedprox seed=0,1,2
+  run --help          every setting and config group (Hydra's help)
+  run --cfg job       print the composed config without running it
+"""
+
+
+def _run_job(cfg) -> None:
+    """One Hydra job: check the experiment, then launch it in simulation."""
+    from hydra.core.hydra_config import HydraConfig
+
+    from driftfl.common.config import experiment_only
+    from driftfl.common.errors import ConfigError
+    from driftfl.launch import launch_simulation
+    from driftfl.server.experiment import prepare_experiment
+
+    hydra = HydraConfig.get()
+    run_dir = Path(hydra.runtime.output_dir)
+    try:
+        experiment = prepare_experiment(experiment_only(cfg), make_partition=True)
+        code = launch_simulation(experiment.cfg, list(hydra.overrides.task), run_dir)
+    except ConfigError as err:
+        print(f"driftfl: error: {err}", file=sys.stderr)
+        raise SystemExit(2) from None
+    if code:
+        raise SystemExit(code)
+
+
+def run(args: list[str]) -> None:
+    import hydra
+
+    from driftfl.common.config import conf_dir
+    from driftfl.common.errors import ConfigError
+
+    try:
+        config_path = str(conf_dir())
+    except ConfigError as err:
+        print(f"driftfl: error: {err}", file=sys.stderr)
+        raise SystemExit(2) from None
+    sys.argv = ["driftfl run", *args]
+    hydra.main(config_path=config_path, config_name="config", version_base="1.3")(_run_job)()
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(USAGE, end="")
+        return
+    command, args = argv[0], argv[1:]
+    if command == "run":
+        run(args)
+    else:
+        print(f"driftfl: unknown command '{command}'; valid: run\n\n{USAGE}", file=sys.stderr,
+              end="")
+        raise SystemExit(2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""What the server and the clients share: data, models, the wire protocol, config."""

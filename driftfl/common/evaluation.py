@@ -1,0 +1,26 @@
+"""Accuracy and loss of a model on labelled data, for the server and the clients alike."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int,
+             num_classes: int) -> tuple[float, float, list[float]]:
+    """(mean cross-entropy, accuracy, per-class accuracy) of ``model`` on (x, y)."""
+    model.eval()
+    loss_sum = 0.0
+    correct = torch.zeros(num_classes, dtype=torch.long)
+    total = torch.zeros(num_classes, dtype=torch.long)
+    for start in range(0, len(y), batch_size):
+        xb, yb = x[start:start + batch_size], y[start:start + batch_size]
+        logits = model(xb)
+        loss_sum += float(nn.functional.cross_entropy(logits, yb, reduction="sum"))
+        hits = (logits.argmax(1) == yb).long().cpu()
+        correct += torch.bincount(yb.cpu(), weights=hits, minlength=num_classes).long()
+        total += torch.bincount(yb.cpu(), minlength=num_classes)
+    per_class = torch.where(total > 0, correct.double() / total.clamp(min=1), torch.nan).tolist()
+    n = max(len(y), 1)
+    return loss_sum / n, float(correct.sum()) / n, per_class

@@ -1,0 +1,164 @@
+"""Readers for the on-disk formats of the datasets driftfl knows.
+
+Each reader returns uint8 images shaped (N, C, H, W) and int64 labels. torchvision fetches and
+verifies downloads; the readers themselves accept any file in the real format, so they can be
+tested on small files.
+"""
+
+from __future__ import annotations
+
+import gzip
+import pickle
+from pathlib import Path
+
+import numpy as np
+
+from .errors import ConfigError
+
+IDX_MAGIC = {0x0801: 1, 0x0803: 3}  # unsigned-byte labels (1-D) and images (3-D)
+
+
+def read_idx(path: Path) -> np.ndarray:
+    """Read an IDX file (MNIST family), gzipped or not."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rb") as f:
+        raw = f.read()
+    magic = int.from_bytes(raw[:4], "big")
+    if magic not in IDX_MAGIC:
+        raise ConfigError(f"{path} is not an unsigned-byte IDX file (magic {magic:#x})")
+    ndim = IDX_MAGIC[magic]
+    dims = [int.from_bytes(raw[4 + 4 * i: 8 + 4 * i], "big") for i in range(ndim)]
+    data = np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * ndim)
+    if data.size != int(np.prod(dims)):
+        raise ConfigError(f"{path} is truncated: expected {dims}, found {data.size} bytes")
+    return data.reshape(dims).copy()  # writable, so torch can share it without warnings
+
+
+def find_idx(root: Path, stem: str) -> Path | None:
+    """Find ``stem`` (e.g. 'train-images-idx3-ubyte'), gzipped or not, flat or in torchvision's
+    ``<Name>/raw`` layout."""
+    for folder in [root, root / "raw", *sorted(root.glob("*/raw"))]:
+        for name in (stem, stem + ".gz"):
+            if (folder / name).is_file():
+                return folder / name
+    return None
+
+
+def read_idx_split(root: Path, prefix: str, split: str) -> tuple[np.ndarray, np.ndarray] | None:
+    """Images and labels of one split ('train', 't10k', 'test'), or None if a file is missing."""
+    images = find_idx(root, f"{prefix}{split}-images-idx3-ubyte")
+    labels = find_idx(root, f"{prefix}{split}-labels-idx1-ubyte")
+    if images is None or labels is None:
+        return None
+    x, y = read_idx(images), read_idx(labels)
+    if len(x) != len(y):
+        raise ConfigError(f"{images} holds {len(x)} images but {labels} holds {len(y)} labels")
+    return x[:, None, :, :], y.astype(np.int64)
+
+
+def read_cifar(folder: Path, files: list[str], label_key: str) -> tuple[np.ndarray, np.ndarray]:
+    """Concatenate CIFAR python batches (pickled dicts with 'data' (N, 3072) and labels)."""
+    xs, ys = [], []
+    for name in files:
+        with open(folder / name, "rb") as f:
+            batch = pickle.load(f, encoding="latin1")
+        xs.append(np.asarray(batch["data"], dtype=np.uint8).reshape(-1, 3, 32, 32))
+        ys.append(np.asarray(batch[label_key], dtype=np.int64))
+    return np.concatenate(xs), np.concatenate(ys)
+
+
+def read_cifar_classes(folder: Path, meta_file: str, key: str) -> list[str] | None:
+    path = folder / meta_file
+    if not path.is_file():
+        return None
+    with open(path, "rb") as f:
+        return list(pickle.load(f, encoding="latin1")[key])
+
+
+def read_svhn(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    """SVHN cropped digits: X (32, 32, 3, N), y (N, 1) with digit 0 stored as 10."""
+    from scipy.io import loadmat  # only SVHN needs scipy
+
+    mat = loadmat(path)
+    x = np.ascontiguousarray(np.transpose(mat["X"], (3, 2, 0, 1)), dtype=np.uint8)
+    y = mat["y"].astype(np.int64).reshape(-1) % 10
+    return x, y
+
+
+IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm"}
+
+
+def read_image_folder(root: Path, classes: list[str] | None, size: int, channels: int):
+    """Images in ``root/<class>/*`` as (N, C, size, size) uint8, labels by position in ``classes``
+    (the sorted class folder names when None). Returns (x, y, classes)."""
+    from PIL import Image
+
+    if not root.is_dir():
+        raise ConfigError(f"image folder {root} does not exist")
+    folders = sorted(p for p in root.iterdir() if p.is_dir())
+    names = [p.name for p in folders]
+    if classes is None:
+        classes = names
+    index = {name: i for i, name in enumerate(classes)}
+    index.update({str(i): i for i in range(len(classes))})  # folders may be named 0..C-1
+    unknown = [n for n in names if n not in index]
+    if unknown:
+        raise ConfigError(
+            f"class folders {unknown} in {root} are not classes of this dataset; "
+            f"name them after the classes: {', '.join(classes)} (or 0..{len(classes) - 1})"
+        )
+    mode = {1: "L", 3: "RGB"}[channels]
+    xs, ys = [], []
+    for folder in folders:
+        for path in sorted(folder.rglob("*")):
+            if path.suffix.lower() in IMAGE_SUFFIXES:
+                with Image.open(path) as img:
+                    img = img.convert(mode).resize((size, size))
+                    xs.append(np.asarray(img, dtype=np.uint8).reshape(size, size, channels))
+                ys.append(index[folder.name])
+    if not xs:
+        raise ConfigError(
+            f"no images found in {root}: expected {root}/<class>/<image>.png "
+            f"(suffixes {', '.join(sorted(IMAGE_SUFFIXES))})"
+        )
+    x = np.stack(xs).transpose(0, 3, 1, 2).copy()
+    return x, np.asarray(ys, dtype=np.int64), classes
+
+
+def as_nchw_uint8(x: np.ndarray, source: str) -> np.ndarray:
+    """Accept (N,H,W), (N,H,W,C) or (N,C,H,W) uint8 images; return (N,C,H,W)."""
+    if x.dtype != np.uint8:
+        raise ConfigError(
+            f"{source}: images must be uint8 (0-255), got {x.dtype}; "
+            "convert with (x * 255).round().astype('uint8') if they are floats in [0, 1]"
+        )
+    if x.ndim == 3:
+        return x[:, None]
+    if x.ndim == 4 and x.shape[-1] in (1, 3) and x.shape[1] not in (1, 3):
+        return np.ascontiguousarray(x.transpose(0, 3, 1, 2))
+    if x.ndim == 4 and x.shape[1] in (1, 3):
+        return x
+    raise ConfigError(f"{source}: cannot read image array of shape {x.shape} as (N, C, H, W)")
+
+
+def read_npz(path: Path):
+    """Arrays from an .npz: (x_train, y_train, x_test, y_test) or (x, y, None, None)."""
+    if not path.is_file():
+        raise ConfigError(f"npz file {path} does not exist")
+    with np.load(path) as npz:
+        keys = set(npz.files)
+        if {"x_train", "y_train", "x_test", "y_test"} <= keys:
+            arrays = [npz[k] for k in ("x_train", "y_train", "x_test", "y_test")]
+        elif {"x", "y"} <= keys:
+            arrays = [npz["x"], npz["y"], None, None]
+        else:
+            raise ConfigError(
+                f"{path} holds arrays {sorted(keys)}; expected x and y "
+                "(or x_train, y_train, x_test, y_test)"
+            )
+    for x, y in (arrays[:2], arrays[2:]):
+        if x is not None and len(x) != len(y):
+            raise ConfigError(f"{path}: {len(x)} images but {len(y)} labels")
+    xs = [None if a is None else as_nchw_uint8(a, str(path)) for a in arrays[0::2]]
+    ys = [None if a is None else np.asarray(a).astype(np.int64).reshape(-1) for a in arrays[1::2]]
+    return xs[0], ys[0], xs[1], ys[1]

@@ -1,0 +1,68 @@
+"""The wire protocol: the only thing the ClientApp and the strategies agree on.
+
+Server -> client ``train``: record ``arrays`` (the global model) and ``config`` with
+``experiment`` (the resolved experiment config as JSON), ``dataset-meta`` (classes, image shape,
+normalisation, so a node with its own folder reads its images the same way), ``method`` (the
+local objective) and ``server-round``. Methods add their own named records (``teacher``, ...).
+
+Client -> server reply: ``arrays`` (the updated model) and ``metrics`` with ``num-examples``,
+``local-steps``, ``train-loss`` and the objective's diagnostics; statistics go in further
+named records.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+
+import torch
+from flwr.app import ArrayRecord
+from torch import nn
+
+ARRAYS = "arrays"
+CONFIG = "config"
+METRICS = "metrics"
+
+# keys in the train/evaluate ``config`` record
+SERVER_ROUND = "server-round"
+EXPERIMENT = "experiment"
+DATASET_META = "dataset-meta"
+METHOD = "method"
+
+# keys in the reply ``metrics`` record
+NUM_EXAMPLES = "num-examples"
+LOCAL_STEPS = "local-steps"
+TRAIN_LOSS = "train-loss"
+
+# the query that asks a node what data it holds (answered before the first round)
+DATA_SUMMARY = "data_summary"  # message type "query.data_summary"
+PARTITION_ID = "partition-id"
+LABEL_HISTOGRAM = "label-histogram"
+
+# the local objectives a client can run, by the name the ``method`` key carries
+OBJECTIVES = ("ce", "prox")
+
+
+@dataclass(frozen=True)
+class DatasetMeta:
+    classes: list[str]
+    shape: list[int]  # (C, H, W)
+    mean: list[float]
+    std: list[float]
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> DatasetMeta:
+        return cls(**json.loads(text))
+
+
+def model_to_arrays(model: nn.Module) -> ArrayRecord:
+    """Parameters and buffers (BatchNorm statistics included) as an ArrayRecord."""
+    return ArrayRecord({k: v.detach().cpu() for k, v in model.state_dict().items()})
+
+
+def load_arrays(model: nn.Module, arrays: ArrayRecord) -> None:
+    state = arrays.to_torch_state_dict()
+    model.load_state_dict({k: torch.as_tensor(v) for k, v in state.items()})

@@ -1,0 +1,129 @@
+"""Run one experiment in local Ray simulation through a real `flwr run`.
+
+The launcher owns a private simulation SuperLink for the run, which shields the user from
+Flower's pitfalls (see ENVIRONMENT.md): runtime dependency installation is off, FLWR_HOME is a
+scratch directory (so a user's own ~/.flwr and a background SuperLink are never touched), the
+federation is sized from the experiment, logs are streamed, and the SuperLink is stopped after.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+from driftfl.common.errors import ConfigError
+
+APP_DIR = Path(__file__).resolve().parents[1]  # holds pyproject.toml: the Flower app
+CONNECTION = "driftfl-simulation"
+
+
+def _tool(name: str) -> str:
+    """A console script from this environment (the venv's bin), else from PATH."""
+    beside = Path(sys.executable).parent / name
+    found = str(beside) if beside.exists() else shutil.which(name)
+    if not found:
+        raise ConfigError(f"'{name}' not found; install Flower with: pip install 'flwr[simulation]'")
+    return found
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_healthy(port: int, process: subprocess.Popen, log: Path, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"flower-superlink exited with code {process.returncode}; see {log}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.3)
+    raise RuntimeError(f"flower-superlink did not become ready in {timeout:.0f} s; see {log}")
+
+
+def stop(process: subprocess.Popen, grace: float = 15) -> None:
+    """Stop a process started with start_new_session, and everything in its process group."""
+    if process.poll() is None:
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(grace)
+        except subprocess.TimeoutExpired:
+            pass
+    try:
+        os.killpg(process.pid, signal.SIGKILL)  # stragglers (Ray workers) of the group
+    except ProcessLookupError:
+        pass
+    process.wait()
+
+
+def flwr_env(flwr_home: str) -> dict[str, str]:
+    from driftfl.server.results import git_revision
+
+    # The SuperLink starts further Flower executables by name: this environment's come first.
+    path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+    return {**os.environ, "PATH": path, "FLWR_HOME": flwr_home,
+            "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+            "DRIFTFL_GIT_REVISION": git_revision(), "PYTHONUNBUFFERED": "1",
+            # Ray's start-up tip about a future default says nothing about this run
+            "PYTHONWARNINGS": ",".join(filter(None, [os.environ.get("PYTHONWARNINGS"),
+                                                      "ignore:Tip:FutureWarning"]))}
+
+
+def run_config_arg(overrides: list[str], run_dir: Path) -> str:
+    encoded = json.dumps(overrides)
+    if "'" in encoded or "'" in str(run_dir):
+        raise ConfigError("overrides and output paths cannot contain single quotes (')")
+    return f"overrides='{encoded}' run-dir='{run_dir}'"
+
+
+def launch_simulation(cfg: DictConfig, overrides: list[str], run_dir: Path) -> int:
+    """Run the experiment; 0 when it completed and wrote its results to ``run_dir``."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    log_path = run_dir / "superlink.log"
+    with tempfile.TemporaryDirectory(prefix="driftfl-flower-") as flwr_home:
+        port = free_port()
+        (Path(flwr_home) / "config.toml").write_text(
+            f'[superlink]\ndefault = "{CONNECTION}"\n\n[superlink.{CONNECTION}]\n'
+            f'address = "127.0.0.1:{port}"\ninsecure = true\n')
+        env = flwr_env(flwr_home)
+        with open(log_path, "w") as log:
+            superlink = subprocess.Popen(
+                [_tool("flower-superlink"), "--insecure", "--simulation",
+                 "--disable-runtime-dependency-installation", "--host", "127.0.0.1",
+                 "--port", str(port)],
+                env=env, cwd=APP_DIR, stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True)
+        try:
+            _wait_healthy(port, superlink, log_path)
+            federation = (f"num_supernodes={int(cfg.num_clients)} "
+                          f"client_resources_num_cpus={int(cfg.simulation.client_cpus)} "
+                          f"client_resources_num_gpus={float(cfg.simulation.client_gpus)}")
+            subprocess.run([_tool("flwr"), "run", str(APP_DIR), CONNECTION,
+                            "--run-config", run_config_arg(overrides, run_dir),
+                            "--federation-config", federation, "--stream"],
+                           env=env, cwd=APP_DIR, check=False)
+        finally:
+            stop(superlink)
+    summary = run_dir / "summary.json"
+    if summary.is_file() and json.loads(summary.read_text()).get("status") == "completed":
+        return 0
+    print(f"driftfl: the run did not complete; see the log above and {log_path}",
+          file=sys.stderr)
+    return 1

@@ -1,0 +1,1 @@
+"""The ServerApp: compose the experiment, run the strategy, evaluate centrally, record results."""

@@ -1,0 +1,148 @@
+"""The ServerApp: compose the experiment, survey the clients' data, run the strategy with
+central evaluation after every round, and write the run directory."""
+
+from __future__ import annotations
+
+import copy
+import logging
+import random
+import time
+from pathlib import Path
+
+import numpy as np
+from flwr.app import ConfigRecord, Context, Message, MessageType, MetricRecord, RecordDict
+from flwr.serverapp import Grid, ServerApp
+
+from driftfl.common import paths
+from driftfl.common.config import compose, parse_overrides, to_json
+from driftfl.common.datasets import to_tensors
+from driftfl.common.errors import ConfigError
+from driftfl.common.evaluation import evaluate
+from driftfl.common.partition import describe
+from driftfl.common.protocol import (CONFIG, DATA_SUMMARY, DATASET_META, EXPERIMENT,
+                                     LABEL_HISTOGRAM, METRICS, NUM_EXAMPLES, PARTITION_ID,
+                                     load_arrays, model_to_arrays)
+from driftfl.strategies import DriftStrategy, build_strategy
+from driftfl.strategies.base import wait_for_nodes
+
+from . import console
+from .experiment import Experiment, prepare_experiment
+from .results import RunRecorder
+from .traffic import MeteredGrid
+
+app = ServerApp()
+
+
+@app.main()
+def main(grid: Grid, context: Context) -> None:
+    try:
+        cfg = compose(parse_overrides(str(context.run_config.get("overrides", ""))))
+        experiment = prepare_experiment(cfg)
+    except ConfigError as err:
+        print(f"driftfl: error: {err}", flush=True)
+        raise SystemExit(2) from None
+    run_dir = context.run_config.get("run-dir") or (
+        paths.home() / "runs" / time.strftime("%Y-%m-%d") / time.strftime("%H-%M-%S"))
+    run_experiment(grid, experiment, Path(str(run_dir)), context.run_id)
+
+
+def run_experiment(grid: Grid, experiment: Experiment, run_dir: Path, run_id: int) -> dict:
+    cfg = experiment.cfg
+    if not cfg.verbose:
+        logging.getLogger("flwr").setLevel(logging.WARNING)
+    random.seed(int(cfg.seed))
+    np.random.seed(int(cfg.seed))
+    recorder = RunRecorder(run_dir, cfg, run_id)
+    model = experiment.initial_model()
+    strategy = build_strategy(cfg, model)
+    metered = MeteredGrid(grid)
+    job = ConfigRecord({EXPERIMENT: to_json(cfg), DATASET_META: experiment.meta.to_json()})
+
+    clients = survey_clients(metered, job, int(cfg.num_clients), float(cfg.node_wait),
+                             float(cfg.round_timeout))
+    strategy.node_rank = {c["node_id"]: c["partition_id"] for c in clients}
+    title = (f"{cfg.strategy.name} on {cfg.dataset.name}, {describe(cfg.partition)}, "
+             f"{len(clients)} clients, {cfg.model.name}")
+    print(console.partition_table(clients, list(experiment.data.classes), title), flush=True)
+    recorder.partition({"dataset": cfg.dataset.name, "partition": dict(cfg.partition),
+                        "seed": int(cfg.seed), "classes": list(experiment.data.classes),
+                        "clients": clients})
+
+    evaluator = RoundEvaluator(experiment, copy.deepcopy(model), strategy, metered, recorder)
+    result = strategy.start(grid=metered, initial_arrays=model_to_arrays(model),
+                            num_rounds=int(cfg.rounds), timeout=float(cfg.round_timeout),
+                            train_config=job, evaluate_config=ConfigRecord(dict(job)),
+                            evaluate_fn=evaluator)
+    load_arrays(model, result.arrays if len(result.arrays) else model_to_arrays(model))
+    rows = recorder.rows
+    best = max(rows, key=lambda r: r["test_accuracy"])
+    summary = {"status": "completed", "rounds": int(cfg.rounds),
+               "final_accuracy": rows[-1]["test_accuracy"], "final_loss": rows[-1]["test_loss"],
+               "best_accuracy": best["test_accuracy"], "best_round": best["round"],
+               "seconds": time.time() - recorder.started,
+               "bytes_sent": sum(r["bytes_sent"] for r in rows),
+               "bytes_received": sum(r["bytes_received"] for r in rows)}
+    recorder.finish(model, summary, title)
+    print(console.summary_line(summary, run_dir), flush=True)
+    return summary
+
+
+def survey_clients(grid: MeteredGrid, job: ConfigRecord, expected: int, node_wait: float,
+                   timeout: float) -> list[dict]:
+    """Ask every node what data it holds, before the first round; a node that cannot read its
+    data fails the run here, with its reason."""
+    nodes = wait_for_nodes(grid, expected, timeout=node_wait)
+    query = [Message(RecordDict({CONFIG: job}), dst_node_id=node,
+                     message_type=f"{MessageType.QUERY}.{DATA_SUMMARY}") for node in nodes]
+    replies = grid.send_and_receive(query, timeout=timeout)
+    failures = [r.error.reason for r in replies if r.has_error()]
+    if failures or len(replies) < len(nodes):
+        reason = failures[0] if failures else f"only {len(replies)} of {len(nodes)} answered"
+        raise RuntimeError(f"clients could not report their data: {reason}")
+    clients = []
+    for reply in replies:
+        metrics = reply.content[METRICS]
+        clients.append({"node_id": reply.metadata.src_node_id,
+                        "partition_id": int(metrics[PARTITION_ID]),
+                        "num_examples": int(metrics[NUM_EXAMPLES]),
+                        "label_histogram": [int(v) for v in metrics[LABEL_HISTOGRAM]]})
+    return sorted(clients, key=lambda c: (c["partition_id"], c["node_id"]))
+
+
+class RoundEvaluator:
+    """Flower's ``evaluate_fn``: after every round, test the global model centrally and record
+    the round's row (accuracy, loss, per-class accuracy, time, bytes, client metrics)."""
+
+    def __init__(self, experiment: Experiment, model, strategy: DriftStrategy,
+                 grid: MeteredGrid, recorder: RunRecorder):
+        cfg, data = experiment.cfg, experiment.data
+        self.cfg, self.strategy, self.grid, self.recorder = cfg, strategy, grid, recorder
+        self.model = model.to(cfg.device)
+        x, y = to_tensors(data.test_x, data.test_y, data.mean, data.std)
+        self.x, self.y = x.to(cfg.device), y.to(cfg.device)
+        self.num_classes = data.num_classes
+        self.round_started = time.perf_counter()
+
+    def __call__(self, server_round: int, arrays) -> MetricRecord:
+        eval_started = time.perf_counter()
+        load_arrays(self.model, arrays)
+        loss, accuracy, per_class = evaluate(self.model, self.x, self.y,
+                                             int(self.cfg.eval_batch_size), self.num_classes)
+        now = time.perf_counter()
+        sent, received = self.grid.take()
+        report = self.strategy.report if server_round > 0 else None
+        row = {"round": server_round, "test_accuracy": accuracy, "test_loss": loss,
+               "seconds": now - self.round_started,
+               "train_seconds": eval_started - self.round_started if server_round else 0.0,
+               "eval_seconds": now - eval_started,
+               "clients": report.clients if report else 0,
+               "rejected": len(report.rejected) if report else 0,
+               "bytes_sent": sent, "bytes_received": received}
+        if report:  # the clients' metrics: train-loss -> train_loss, ...
+            for k, v in {**report.train_metrics, **report.evaluate_metrics}.items():
+                row[k.replace("-", "_")] = v
+        row["per_class_accuracy"] = per_class
+        self.recorder.add_round(row)
+        print(console.round_line(row, int(self.cfg.rounds)), flush=True)
+        self.round_started = time.perf_counter()
+        return MetricRecord({"accuracy": accuracy, "loss": loss})

@@ -1,0 +1,63 @@
+"""What a run prints: the clients' data, one line per round, a closing summary."""
+
+from __future__ import annotations
+
+MAX_ROWS = 20
+MAX_CLASS_COLUMNS = 12
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1024 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return ""
+
+
+def duration(seconds: float) -> str:
+    minutes, sec = divmod(seconds, 60)
+    return f"{int(minutes)} min {sec:.0f} s" if minutes else f"{sec:.1f} s"
+
+
+def partition_table(clients: list[dict], classes: list[str], title: str) -> str:
+    """Per-client sample counts: the full label histogram when it fits, else the top classes."""
+    total = sum(c["num_examples"] for c in clients)
+    lines = [f"clients' data ({title}): {len(clients)} clients, {total} samples"]
+    wide = len(classes) > MAX_CLASS_COLUMNS
+    header = f"{'client':>6} {'n':>7} " + (
+        f"{'classes':>7}  largest classes (share)" if wide
+        else " ".join(f"{i:>5}" for i in range(len(classes))))
+    lines.append(header)
+    for c in clients[:MAX_ROWS]:
+        hist = c["label_histogram"]
+        who = c["partition_id"] if c["partition_id"] >= 0 else "own"
+        if wide:
+            top = sorted(range(len(hist)), key=lambda i: -hist[i])[:3]
+            held = sum(1 for h in hist if h)
+            desc = ", ".join(f"{i} ({hist[i] / max(c['num_examples'], 1):.0%})"
+                             for i in top if hist[i])
+            lines.append(f"{who:>6} {c['num_examples']:>7} {held:>7}  {desc}")
+        else:
+            lines.append(f"{who:>6} {c['num_examples']:>7} " + " ".join(f"{h:>5}" for h in hist))
+    if len(clients) > MAX_ROWS:
+        lines.append(f"   ... {len(clients) - MAX_ROWS} more clients in partition.json")
+    return "\n".join(lines)
+
+
+def round_line(row: dict, rounds: int) -> str:
+    text = (f"round {row['round']:>3}/{rounds}  test acc {100 * row['test_accuracy']:6.2f}%  "
+            f"loss {row['test_loss']:.4f}  |  train {row['train_seconds']:.1f} s  "
+            f"eval {row['eval_seconds']:.1f} s")
+    if row["round"] > 0:
+        text += (f"  |  {row['clients']} clients, {_size(row['bytes_sent'])} out, "
+                 f"{_size(row['bytes_received'])} in")
+        if row.get("rejected"):
+            text += f", {row['rejected']} rejected"
+    return text
+
+
+def summary_line(summary: dict, run_dir) -> str:
+    return (f"driftfl: {summary['rounds']} rounds in {duration(summary['seconds'])}; final test "
+            f"accuracy {100 * summary['final_accuracy']:.2f}% (best "
+            f"{100 * summary['best_accuracy']:.2f}% at round {summary['best_round']})\n"
+            f"results: {run_dir} (metrics.csv, metrics.json, accuracy.png, model.pt)")

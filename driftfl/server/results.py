@@ -1,0 +1,123 @@
+"""The run directory: config, provenance, per-round metrics, partition, final model, plot."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import platform
+import subprocess
+import time
+from importlib import metadata
+from pathlib import Path
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+PACKAGES = ("driftfl", "flwr", "flwr-datasets", "torch", "torchvision", "numpy", "hydra-core",
+            "ray")
+
+
+def git_revision() -> str:
+    """The source tree's commit (+ '-dirty'), or what the launcher passed down, or 'unknown'."""
+    source = Path(__file__).resolve().parents[2]
+    try:
+        rev = subprocess.run(["git", "-C", str(source), "rev-parse", "HEAD"], capture_output=True,
+                             text=True, check=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(source), "status", "--porcelain"],
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+        return rev + ("-dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        return os.environ.get("DRIFTFL_GIT_REVISION", "unknown")
+
+
+def versions() -> dict[str, str]:
+    found = {"python": platform.python_version()}
+    for name in PACKAGES:
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            found[name] = "not installed"
+    return found
+
+
+def _flat_row(row: dict) -> dict:
+    """A CSV row: lists become numbered columns (per_class_accuracy -> acc_class_0, ...)."""
+    flat = {}
+    for key, value in row.items():
+        if isinstance(value, list):
+            stem = "acc_class" if key == "per_class_accuracy" else key
+            flat.update({f"{stem}_{i}": v for i, v in enumerate(value)})
+        else:
+            flat[key] = value
+    return flat
+
+
+def _json_safe(value):
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, list):
+        return [_json_safe(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    return value
+
+
+class RunRecorder:
+    """Writes one run's directory; metrics are rewritten every round so a crash keeps them."""
+
+    def __init__(self, run_dir: Path, cfg: DictConfig, run_id: int | None = None):
+        self.dir = Path(run_dir)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.rows: list[dict] = []
+        self.started = time.time()
+        OmegaConf.save(cfg, self.dir / "config.yaml")
+        meta = {"versions": versions(), "git_revision": git_revision(), "flower_run_id": run_id,
+                "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "host": platform.node(),
+                "device": cfg.device, "torch_threads": torch.get_num_threads()}
+        self._write_json("meta.json", meta)
+
+    def _write_json(self, name: str, payload) -> None:
+        (self.dir / name).write_text(json.dumps(_json_safe(payload), indent=2) + "\n")
+
+    def partition(self, summary: dict) -> None:
+        self._write_json("partition.json", summary)
+
+    def add_round(self, row: dict) -> None:
+        self.rows.append(row)
+        flat = [_flat_row(r) for r in self.rows]
+        columns = list(dict.fromkeys(k for r in flat for k in r))
+        with open(self.dir / "metrics.csv", "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=columns)
+            writer.writeheader()
+            writer.writerows(flat)
+        self._write_json("metrics.json", {"rounds": self.rows})
+
+    def finish(self, model: torch.nn.Module, summary: dict, title: str) -> None:
+        torch.save(model.state_dict(), self.dir / "model.pt")
+        self._write_json("metrics.json", {"rounds": self.rows, "summary": summary})
+        self._write_json("summary.json", summary)
+        plot_accuracy(self.rows, self.dir / "accuracy.png", title)
+
+
+def plot_accuracy(rows: list[dict], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    rounds = [r["round"] for r in rows]
+    fig, (acc_ax, loss_ax) = plt.subplots(1, 2, figsize=(10, 4))
+    acc_ax.plot(rounds, [100 * r["test_accuracy"] for r in rows], marker="o")
+    acc_ax.set(xlabel="round", ylabel="test accuracy (%)", title="global model accuracy")
+    loss_ax.plot(rounds, [r["test_loss"] for r in rows], marker="o", color="tab:red")
+    loss_ax.set(xlabel="round", ylabel="test loss", title="global model loss")
+    for ax in (acc_ax, loss_ax):
+        ax.grid(alpha=0.3)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

@@ -1,0 +1,92 @@
+"""Checking and averaging client replies; nothing here trusts what a client sent."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, Message
+
+from driftfl.common.protocol import ARRAYS, METRICS, NUM_EXAMPLES
+
+
+@dataclass(frozen=True)
+class ClientUpdate:
+    """A reply that passed every check: its model as NumPy arrays and its scalar metrics."""
+
+    node_id: int
+    arrays: dict[str, np.ndarray]
+    metrics: dict[str, float]
+    message: Message
+
+    @property
+    def num_examples(self) -> float:
+        return self.metrics[NUM_EXAMPLES]
+
+
+def check_reply(msg: Message, reference: dict[str, np.ndarray]) -> ClientUpdate | str:
+    """A ClientUpdate, or the reason this reply must not touch the global model."""
+    if msg.has_error():
+        return f"error reply: {msg.error.reason}"
+    content = msg.content
+    if ARRAYS not in content.array_records or METRICS not in content.metric_records:
+        return f"reply lacks the '{ARRAYS}' or '{METRICS}' record"
+    record = content.array_records[ARRAYS]
+    if set(record.keys()) != set(reference):
+        return "model keys differ from the global model's"
+    arrays = {}
+    for key, ref in reference.items():
+        try:
+            value = record[key].numpy()
+        except Exception as err:  # a corrupt array: unreadable bytes
+            return f"array '{key}' cannot be read: {err}"
+        if value.shape != ref.shape or value.dtype != ref.dtype:
+            return f"array '{key}' is {value.dtype}{list(value.shape)}, expected {ref.dtype}{list(ref.shape)}"
+        if value.dtype.kind == "f" and not np.isfinite(value).all():
+            return f"array '{key}' holds NaN or infinite values"
+        arrays[key] = value
+    metrics = {k: float(v) for k, v in content.metric_records[METRICS].items()
+               if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    n = metrics.get(NUM_EXAMPLES)
+    if n is None or not math.isfinite(n) or n <= 0:
+        return f"'{NUM_EXAMPLES}' is missing or not a positive number"
+    return ClientUpdate(msg.metadata.src_node_id, arrays, metrics, msg)
+
+
+def example_weights(updates: list[ClientUpdate]) -> np.ndarray:
+    """gamma_k = n_k / sum_j n_j."""
+    n = np.array([u.num_examples for u in updates], dtype=np.float64)
+    return n / n.sum()
+
+
+def weighted_average(updates: list[ClientUpdate], weights: np.ndarray) -> dict[str, np.ndarray]:
+    """Sum_k weight_k * w_k for floating arrays (in float64, cast back); integer arrays such as
+    BatchNorm's num_batches_tracked are counters, taken from the first client."""
+    first = updates[0].arrays
+    out = {}
+    for key, value in first.items():
+        if value.dtype.kind == "f":
+            total = sum(w * u.arrays[key].astype(np.float64) for w, u in zip(weights, updates))
+            out[key] = np.asarray(total, dtype=value.dtype)
+        else:
+            out[key] = value.copy()
+    return out
+
+
+def mean_metrics(updates: list[ClientUpdate], weights: np.ndarray) -> dict[str, float]:
+    """Weighted mean of every scalar metric all replies carry (num-examples is summed)."""
+    shared = set.intersection(*(set(u.metrics) for u in updates))
+    out = {k: float(sum(w * u.metrics[k] for w, u in zip(weights, updates)))
+           for k in sorted(shared - {NUM_EXAMPLES})}
+    out[NUM_EXAMPLES] = float(sum(u.num_examples for u in updates))
+    return out
+
+
+def to_numpy(arrays: ArrayRecord) -> dict[str, np.ndarray]:
+    return {k: v.numpy() for k, v in arrays.items()}
+
+
+def to_record(arrays: dict[str, np.ndarray]) -> ArrayRecord:
+    # np.ascontiguousarray would turn 0-d arrays (BatchNorm counters) into shape (1,)
+    return ArrayRecord({k: Array(np.require(v, requirements="C")) for k, v in arrays.items()})

@@ -1,0 +1,134 @@
+"""What every driftfl strategy adds to Flower's FedAvg.
+
+- Reproducible sampling: the seed and the round fix which clients train, by partition id, not by
+  the random node ids Flower assigns.
+- Every train message carries the experiment, the dataset description and the local objective.
+- Replies are checked before they touch the global model (see ``aggregation.check_reply``).
+- Aggregation is a hook (``aggregate_arrays``), so FedNova and friends change only that.
+
+Flower's FedProx and FedAvgM are reused by inheriting from them *and* from this class: their
+``configure_train``/``aggregate_train`` call ``super()``, which the MRO routes here.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from logging import INFO, WARNING
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import FedAvg
+from flwr.supercore import log
+
+from driftfl.common.protocol import ARRAYS, CONFIG, METHOD, SERVER_ROUND
+
+from .aggregation import (ClientUpdate, check_reply, example_weights, mean_metrics, to_numpy,
+                          to_record, weighted_average)
+
+
+@dataclass
+class RoundReport:
+    """What the last round's aggregation saw, for the per-round metrics row."""
+
+    clients: int = 0
+    rejected: list[str] = field(default_factory=list)
+    train_metrics: dict[str, float] = field(default_factory=dict)
+    evaluate_metrics: dict[str, float] = field(default_factory=dict)
+
+
+class DriftStrategy(FedAvg):
+    """FedAvg with driftfl's sampling, message content and reply checks."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.objective = "ce"  # the clients' local objective (strategy.objective)
+        self.seed = 0
+        self.node_rank: dict[int, int] = {}  # node id -> partition id (data-summary query)
+        self.report = RoundReport()
+        self.global_arrays: dict[str, np.ndarray] = {}  # the model sent this round
+        self.last_aggregate: dict[str, np.ndarray] = {}  # what aggregate_arrays made of it
+
+    # -- which clients train -------------------------------------------------------------
+    def sample(self, server_round: int, grid: Grid) -> list[int]:
+        """round(fraction * nodes) clients (at least min_train_nodes), fixed by seed and round."""
+        nodes = wait_for_nodes(grid, self.min_available_nodes)
+        nodes.sort(key=lambda n: (self.node_rank.get(n, math.inf), n))
+        k = max(self.min_train_nodes, math.floor(len(nodes) * self.fraction_train + 1e-9))
+        rng = np.random.default_rng([self.seed, server_round])
+        chosen = sorted(rng.choice(len(nodes), size=min(k, len(nodes)), replace=False))
+        return [nodes[i] for i in chosen]
+
+    # -- what they receive ---------------------------------------------------------------
+    def knowledge(self, server_round: int) -> dict:
+        """Further named records a method sends with the global model (none for FedAvg)."""
+        return {}
+
+    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                        grid: Grid) -> Iterable[Message]:
+        self.global_arrays = to_numpy(arrays)
+        config[SERVER_ROUND] = server_round
+        config[METHOD] = self.objective
+        content = RecordDict({ARRAYS: arrays, CONFIG: config, **self.knowledge(server_round)})
+        nodes = self.sample(server_round, grid)
+        log(INFO, "configure_train: %d of the nodes train in round %d", len(nodes), server_round)
+        return self._construct_messages(content, nodes, MessageType.TRAIN)
+
+    # -- what comes back -----------------------------------------------------------------
+    def accept(self, replies: Iterable[Message]) -> list[ClientUpdate]:
+        """The replies that pass every check; the rest are logged and counted, never used."""
+        updates, rejected = [], []
+        for msg in replies:
+            checked = check_reply(msg, self.global_arrays)
+            if isinstance(checked, str):
+                node = msg.metadata.src_node_id
+                rejected.append(f"node {node}: {checked}")
+                log(WARNING, "round reply from node %s rejected: %s", node, checked)
+            else:
+                updates.append(checked)
+        self.report = RoundReport(clients=len(updates), rejected=rejected)
+        return updates
+
+    def aggregate_arrays(self, updates: list[ClientUpdate]) -> dict[str, np.ndarray]:
+        """FedAvg: w = sum_k gamma_k w_k, gamma_k = n_k / sum_j n_j."""
+        return weighted_average(updates, example_weights(updates))
+
+    def aggregate_train(self, server_round: int, replies: Iterable[Message]
+                        ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        updates = self.accept(replies)
+        if not updates:
+            log(WARNING, "round %d: no usable reply; the global model stays as it was",
+                server_round)
+            return None, None
+        metrics = mean_metrics(updates, example_weights(updates))
+        self.report.train_metrics = metrics
+        self.last_aggregate = self.aggregate_arrays(updates)
+        return to_record(self.last_aggregate), MetricRecord(metrics)
+
+    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]
+                           ) -> MetricRecord | None:
+        metrics = super().aggregate_evaluate(server_round, replies)
+        self.report.evaluate_metrics = dict(metrics or {})
+        return metrics
+
+
+def wait_for_nodes(grid: Grid, minimum: int, timeout: float = math.inf,
+                   every: float = 10.0) -> list[int]:
+    """The connected nodes, once at least ``minimum`` are there (deployment nodes join late)."""
+    started = last = time.monotonic()
+    while len(nodes := list(grid.get_node_ids())) < minimum:
+        waited = time.monotonic() - started
+        if waited > timeout:
+            raise RuntimeError(
+                f"only {len(nodes)} of num_clients={minimum} nodes connected in {timeout:.0f} s; "
+                "in simulation pass --federation-config \"num_supernodes=<num_clients>\" to flwr "
+                "run, in deployment start more SuperNodes (or lower num_clients)")
+        if time.monotonic() - last > every:
+            log(WARNING, "waiting for nodes: %d of num_clients=%d connected after %.0f s",
+                len(nodes), minimum, waited)
+            last = time.monotonic()
+        time.sleep(0.5)
+    return nodes

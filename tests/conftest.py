@@ -1,0 +1,42 @@
+"""Shared test set-up: caches and outputs go to a per-session temporary directory."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+FMNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _isolated_cache(tmp_path_factory):
+    root = tmp_path_factory.mktemp("driftfl-home")
+    old = {k: os.environ.get(k) for k in ("DRIFTFL_CACHE", "DRIFTFL_HOME")}
+    os.environ["DRIFTFL_CACHE"] = str(root / "cache")
+    os.environ["DRIFTFL_HOME"] = str(root / "home")
+    yield root
+    for key, value in old.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
+@pytest.fixture(scope="session")
+def fmnist_available():
+    if not (FMNIST_DIR / "train-images-idx3-ubyte.gz").is_file():
+        pytest.fail("Fashion-MNIST is missing: sudo apt-get install -y dataset-fashion-mnist "
+                    "(scripts/setup.sh installs it)")
+    return FMNIST_DIR
+
+
+def driftfl_bin() -> str:
+    """The driftfl console script of the environment running the tests."""
+    import sys
+
+    beside = Path(sys.executable).parent / "driftfl"
+    return str(beside) if beside.exists() else shutil.which("driftfl")

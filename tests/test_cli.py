@@ -1,0 +1,47 @@
+"""The `driftfl` command refuses bad input in one line, before starting any Flower process."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from conftest import driftfl_bin
+
+
+def driftfl(*args, cwd):
+    return subprocess.run([driftfl_bin(), *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_help_and_unknown_command(tmp_path):
+    out = driftfl("--help", cwd=tmp_path)
+    assert out.returncode == 0 and "driftfl run" in out.stdout
+    out = driftfl("frobnicate", cwd=tmp_path)
+    assert out.returncode == 2 and "unknown command 'frobnicate'; valid: run" in out.stderr
+
+
+@pytest.mark.parametrize("override, message", [
+    ("partition.alpha=0", "driftfl: error: partition.alpha must be > 0, got 0"),
+    ("fraction=2", r"driftfl: error: fraction must be in (0, 1], got 2"),
+    ("model.name=vgg", "driftfl: error: unknown model 'vgg'; valid: cnn, lenet5, mlp, resnet18"),
+])
+def test_bad_value_exits_2_with_one_line_and_no_run(override, message, tmp_path,
+                                                    fmnist_available):
+    out = driftfl("run", override, "hydra.run.dir=run", cwd=tmp_path)
+    assert out.returncode == 2
+    assert message in out.stderr and "Traceback" not in out.stderr + out.stdout
+    assert not (tmp_path / "run" / "superlink.log").exists()  # no Flower process was started
+
+
+def test_unknown_strategy_lists_the_valid_ones(tmp_path):
+    out = driftfl("run", "strategy=fedfoo", cwd=tmp_path)
+    assert out.returncode != 0
+    assert "Could not find 'strategy/fedfoo'" in out.stderr
+    assert all(name in out.stderr for name in ("fedavg", "fedprox", "fedavgm", "fednova"))
+    assert "Traceback" not in out.stderr
+
+
+def test_cfg_job_prints_the_composed_experiment(tmp_path):
+    out = driftfl("run", "--cfg", "job", "strategy=fedprox", cwd=tmp_path)
+    assert out.returncode == 0 and "objective: prox" in out.stdout

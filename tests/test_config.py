@@ -1,0 +1,115 @@
+"""Composing experiments, and bad input refused with one clear message before any work."""
+
+from __future__ import annotations
+
+import pytest
+
+from driftfl.common.config import compose, experiment_only, parse_overrides
+from driftfl.common.errors import ConfigError
+from driftfl.server.experiment import prepare_experiment
+
+
+def test_defaults_are_the_main_job():
+    cfg = compose([])
+    assert (cfg.strategy.name, cfg.dataset.name, cfg.partition.name, cfg.model.name) == (
+        "fedavg", "fmnist", "dirichlet", "cnn")
+    assert cfg.partition.alpha == 0.5 and cfg.num_clients == 10 and cfg.fraction == 1.0
+    assert "hydra" not in cfg
+
+
+def test_overrides_compose_groups_and_values():
+    cfg = compose(["strategy=fedprox", "strategy.mu=0.001", "partition=pathological",
+                   "partition.classes_per_client=3", "model=mlp", "num_clients=20",
+                   "fraction=0.25", "dataset.subset=1000"])
+    assert cfg.strategy.mu == 0.001 and cfg.strategy.objective == "prox"
+    assert cfg.partition.classes_per_client == 3 and cfg.model.hidden == [200, 200]
+    assert cfg.dataset.subset == 1000
+
+
+def test_overrides_parse_as_json_list_or_shell_words():
+    assert parse_overrides('["a=1", "b=x y"]') == ["a=1", "b=x y"]
+    assert parse_overrides("a=1 'b=x y'") == ["a=1", "b=x y"]
+    assert parse_overrides("") == []
+
+
+def test_unknown_group_option_lists_the_valid_ones():
+    with pytest.raises(ConfigError, match=r"(?s)strategy/fedfoo.*Available options.*fedavg.*fednova"):
+        compose(["strategy=fedfoo"])
+
+
+def test_unknown_key_is_refused():
+    with pytest.raises(ConfigError, match="roundz"):
+        compose(["roundz=3"])
+
+
+def test_required_settings_must_be_given():
+    with pytest.raises(ConfigError, match=r"missing required setting\(s\): dataset.root"):
+        compose(["dataset=folder"])
+
+
+@pytest.mark.parametrize("override, message", [
+    ("fraction=0", r"fraction must be in \(0, 1\], got 0"),
+    ("fraction=1.5", r"fraction must be in \(0, 1\], got 1.5"),
+    ("rounds=0", "rounds must be >= 1"),
+    ("local_epochs=0", "local_epochs must be >= 1"),
+    ("lr=-0.1", "lr must be > 0"),
+    ("momentum=1", r"momentum must be in \[0, 1\)"),
+    ("batch_size=2.5", "batch_size must be a whole number"),
+    ("device=tpu", "device must be cpu or cuda, got 'tpu'"),
+    ("simulation.client_cpus=0", "simulation.client_cpus must be >= 1"),
+    ("partition.alpha=0", "partition.alpha must be > 0, got 0"),
+    ("partition=pathological partition.classes_per_client=11",
+     r"classes_per_client must be in 1..10, got 11"),
+    ("partition=pathological partition.classes_per_client=0",
+     r"classes_per_client must be in 1..10, got 0"),
+    ("num_clients=200 dataset.subset=100", "num_clients=200 is more than the 100 training"),
+    ("dataset.subset=0", "dataset.subset must be a positive whole number"),
+    ("strategy.name=fedfoo", "unknown strategy 'fedfoo'; valid: fedavg, fedavgm, fednova, fedprox"),
+    ("strategy.objective=kd", "unknown objective 'kd'; valid: ce, prox"),
+    ("strategy=fedprox strategy.mu=-1", "strategy.mu must be a number >= 0"),
+    ("strategy=fedavgm strategy.server_momentum=1.0", r"server_momentum must be in \[0, 1\)"),
+    ("model.name=vgg", "unknown model 'vgg'; valid: cnn, lenet5, mlp, resnet18"),
+    ("dataset.name=imagenet", "unknown dataset 'imagenet'; valid: cifar10, cifar100, emnist, fmnist"),
+])
+def test_bad_settings_are_refused_with_a_clear_message(override, message, fmnist_available):
+    with pytest.raises(ConfigError, match=message):
+        prepare_experiment(compose(override.split()))
+
+
+def test_cuda_is_accepted_only_where_torch_sees_a_gpu(fmnist_available):
+    import torch
+
+    cfg = compose(["device=cuda", "dataset.subset=100"])
+    if torch.cuda.is_available():
+        prepare_experiment(cfg)
+    else:
+        with pytest.raises(ConfigError, match="device=cuda but PyTorch sees no CUDA GPU"):
+            prepare_experiment(cfg)
+
+
+def test_missing_dataset_says_how_to_get_it(tmp_path):
+    with pytest.raises(ConfigError, match=r"Fashion-MNIST not found in .*apt-get install -y "
+                                          r"dataset-fashion-mnist.*dataset.download=true"):
+        prepare_experiment(compose([f"dataset.root={tmp_path}"]))
+    with pytest.raises(ConfigError, match=r"CIFAR-10 not found in .*dataset.download=true"):
+        prepare_experiment(compose(["dataset=cifar10", f"dataset.root={tmp_path}"]))
+
+
+def test_folder_without_images_is_refused(tmp_path):
+    (tmp_path / "train" / "cat").mkdir(parents=True)
+    with pytest.raises(ConfigError, match="no images found"):
+        prepare_experiment(compose(["dataset=folder", f"dataset.root={tmp_path}"]))
+
+
+def test_impossible_dirichlet_fails_before_training(fmnist_available):
+    cfg = compose(["partition.alpha=0.001", "partition.min_size=500", "num_clients=100",
+                   "dataset.subset=60000"])
+    with pytest.raises(ConfigError, match="could not give each of 100 clients"):
+        prepare_experiment(cfg, make_partition=True)
+
+
+def test_experiment_only_drops_hydra_and_resolves():
+    from omegaconf import OmegaConf
+
+    cfg = experiment_only(OmegaConf.create({"a": 1, "b": "${a}", "hydra": {"x": 1}}))
+    assert cfg == {"a": 1, "b": 1}

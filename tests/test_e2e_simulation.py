@@ -1,0 +1,113 @@
+"""Real Flower in local Ray simulation, on real Fashion-MNIST: `driftfl run` (one run and a
+sweep) and plain `flwr run` over the same conf/ tree."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from conftest import REPO, driftfl_bin
+from driftfl.launch import CONNECTION, _tool, _wait_healthy, flwr_env, free_port, stop
+
+pytestmark = pytest.mark.e2e
+QUICK = ["model=mlp", "dataset.subset=4000", "dataset.test_subset=2000", "num_clients=4",
+         "rounds=2", "lr=0.05"]
+
+
+def read_rounds(run_dir: Path) -> list[dict]:
+    return json.loads((run_dir / "metrics.json").read_text())["rounds"]
+
+
+def assert_learned(run_dir: Path, rounds: int = 2) -> list[dict]:
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "completed"
+    rows = read_rounds(run_dir)
+    assert [r["round"] for r in rows] == list(range(rounds + 1))
+    assert rows[-1]["test_accuracy"] > rows[0]["test_accuracy"] + 0.3  # from ~10 % to > 40 %
+    return rows
+
+
+def test_driftfl_run_trains_and_writes_the_run_directory(tmp_path, fmnist_available):
+    run_dir = tmp_path / "run"
+    out = subprocess.run([driftfl_bin(), "run", *QUICK, f"hydra.run.dir={run_dir}"],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    # progress: the data table, one line per round with accuracy and time, a summary
+    assert "clients' data (fedavg on fmnist, Dirichlet(0.5), 4 clients, mlp)" in out.stdout
+    assert "round   2/2  test acc" in out.stdout and "driftfl: 2 rounds in" in out.stdout
+
+    rows = assert_learned(run_dir)
+    for name in ("config.yaml", "meta.json", "metrics.csv", "partition.json", "model.pt",
+                 "accuracy.png", "summary.json"):
+        assert (run_dir / name).is_file(), name
+    trained = rows[1]
+    assert trained["clients"] == 4 and trained["num_examples"] == 4000
+    assert trained["bytes_sent"] > 4 * 4 * 199_210  # 4 copies of the mlp's float32 weights
+    assert len(trained["per_class_accuracy"]) == 10
+    header = (run_dir / "metrics.csv").read_text().splitlines()[0].split(",")
+    assert {"round", "test_accuracy", "test_loss", "seconds", "bytes_sent", "bytes_received",
+            "acc_class_0", "acc_class_9", "train_loss"} <= set(header)
+
+    config = yaml.safe_load((run_dir / "config.yaml").read_text())
+    assert config["dataset"]["subset"] == 4000 and config["strategy"]["name"] == "fedavg"
+    meta = json.loads((run_dir / "meta.json").read_text())
+    assert meta["versions"]["flwr"] and meta["git_revision"]
+    partition = json.loads((run_dir / "partition.json").read_text())
+    assert sorted(c["partition_id"] for c in partition["clients"]) == [0, 1, 2, 3]
+    assert sum(sum(c["label_histogram"]) for c in partition["clients"]) == 4000
+
+    from driftfl.common.models import build_model
+
+    model = build_model(config["model"], (1, 28, 28), 10)
+    model.load_state_dict(torch.load(run_dir / "model.pt"))  # the final model loads back
+
+
+def test_sweep_runs_every_strategy_in_its_own_directory(tmp_path, fmnist_available):
+    sweep = tmp_path / "sweep"
+    out = subprocess.run([driftfl_bin(), "run", "-m", "strategy=fedavg,fedprox,fedavgm,fednova",
+                          *QUICK, f"hydra.sweep.dir={sweep}"],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=1200)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    jobs = sorted(p for p in sweep.iterdir() if p.is_dir() and (p / "config.yaml").exists())
+    assert len(jobs) == 4
+    names = set()
+    for job in jobs:
+        assert_learned(job)
+        names.add(yaml.safe_load((job / "config.yaml").read_text())["strategy"]["name"])
+    assert names == {"fedavg", "fedprox", "fedavgm", "fednova"}
+
+
+def test_plain_flwr_run_reads_the_same_conf_tree(tmp_path, fmnist_available):
+    """What a user of Flower's own CLI does: flwr run . <connection> --run-config ..."""
+    run_dir = tmp_path / "flwr-run"
+    with tempfile.TemporaryDirectory() as flwr_home:
+        port = free_port()
+        (Path(flwr_home) / "config.toml").write_text(
+            f'[superlink.{CONNECTION}]\naddress = "127.0.0.1:{port}"\ninsecure = true\n')
+        env = flwr_env(flwr_home)
+        log = tmp_path / "superlink.log"
+        with open(log, "w") as f:
+            superlink = subprocess.Popen(
+                [_tool("flower-superlink"), "--insecure", "--simulation", "--host", "127.0.0.1",
+                 "--port", str(port)], env=env, stdout=f, stderr=subprocess.STDOUT,
+                start_new_session=True)
+        try:
+            _wait_healthy(port, superlink, log)
+            overrides = " ".join(["strategy=fedprox", "strategy.mu=0.01", *QUICK])
+            out = subprocess.run(
+                [_tool("flwr"), "run", str(REPO), CONNECTION, "--run-config",
+                 f"overrides='{overrides}' run-dir='{run_dir}'",
+                 "--federation-config", "num_supernodes=4", "--stream"],
+                env=env, capture_output=True, text=True, timeout=600)
+        finally:
+            stop(superlink)
+    assert "round   2/2" in out.stdout, out.stdout[-3000:] + out.stderr[-3000:]
+    assert_learned(run_dir)
+    config = yaml.safe_load((run_dir / "config.yaml").read_text())
+    assert config["strategy"] == {"name": "fedprox", "objective": "prox", "mu": 0.01}

@@ -1,0 +1,94 @@
+"""The local-training loop and the objectives, on hand-checked cases."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from driftfl.client.objectives import OBJECTIVES, Batch, Objective, build_objective
+from driftfl.client.train import TrainSettings, batches, train_locally
+from driftfl.common.models import build_model
+from driftfl.common.protocol import OBJECTIVES as WIRE_OBJECTIVES
+
+SETTINGS = TrainSettings(epochs=2, batch_size=4, lr=0.1, momentum=0.9, weight_decay=1e-4)
+
+
+def data(n=10, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n, 1, 6, 6, generator=g), torch.randint(0, 3, (n,), generator=g)
+
+
+def model(seed=0):
+    torch.manual_seed(seed)
+    return build_model({"name": "mlp", "hidden": [8]}, (1, 6, 6), 3)
+
+
+def test_the_client_knows_every_objective_the_wire_names():
+    assert set(OBJECTIVES) == set(WIRE_OBJECTIVES)
+
+
+def test_batches_cover_every_sample_once_per_epoch():
+    x, y = torch.arange(10.0).view(10, 1), torch.arange(10)
+    seen = torch.cat([yb for _, yb in batches(x, y, 4, torch.Generator().manual_seed(0))])
+    assert sorted(seen.tolist()) == list(range(10))
+    assert [len(yb) for _, yb in batches(x, y, 4, torch.Generator())] == [4, 4, 2]
+
+
+def test_cross_entropy_objective_is_plain_cross_entropy():
+    logits, y = torch.randn(5, 3), torch.tensor([0, 1, 2, 1, 0])
+    batch = Batch(None, y, None, logits)
+    assert torch.allclose(Objective({}, None).loss(batch), F.cross_entropy(logits, y))
+
+
+def test_prox_term_is_half_squared_distance_to_the_global_weights():
+    net = model()
+    prox = build_objective("prox", {"mu": 0.5}, None)
+    x, y = data()
+    prox.prepare(net, x, y)
+    with torch.no_grad():
+        net.head.bias += torch.tensor([1.0, 2.0, 2.0])  # ||delta||^2 = 9
+    logits = net(x)
+    batch = Batch(x, y, None, logits)
+    assert torch.isclose(prox.term(batch), torch.tensor(4.5))
+    assert torch.isclose(prox.loss(batch), F.cross_entropy(logits, y) + 0.5 * 4.5)
+
+
+def test_prox_gradient_pulls_towards_the_global_weights():
+    net = model()
+    prox = build_objective("prox", {"mu": 1.0}, None)
+    prox.prepare(net, *data())
+    with torch.no_grad():
+        net.head.bias += 1.0
+    prox.term(None).backward()
+    assert torch.allclose(net.head.bias.grad, torch.ones(3))  # d/dw 1/2 ||w - w_G||^2 = w - w_G
+
+
+def train(objective, seed=0):
+    net = model()
+    x, y = data()
+    stats = train_locally(net, x, y, SETTINGS, objective, torch.Generator().manual_seed(seed))
+    return net, stats
+
+
+def test_training_is_reproducible_and_counts_steps():
+    a, stats = train(Objective({}, None))
+    b, _ = train(Objective({}, None))
+    assert stats.steps == 6 and stats.num_examples == 10  # 2 epochs x ceil(10 / 4)
+    assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters()))
+
+
+def test_prox_with_mu_zero_trains_exactly_like_fedavg():
+    a, _ = train(Objective({}, None))
+    b, _ = train(build_objective("prox", {"mu": 0.0}, None))
+    assert all(torch.allclose(p, q) for p, q in zip(a.parameters(), b.parameters()))
+
+
+def test_prox_keeps_the_model_closer_to_where_it_started():
+    start = [p.detach().clone() for p in model().parameters()]
+    free, _ = train(Objective({}, None))
+    held, _ = train(build_objective("prox", {"mu": 10.0}, None))
+
+    def drift(net):
+        return sum(float((p.detach() - s).pow(2).sum()) for p, s in zip(net.parameters(), start))
+
+    assert drift(held) < drift(free)
