@@ -40,3 +40,12 @@ def driftfl_bin() -> str:
 
     beside = Path(sys.executable).parent / "driftfl"
     return str(beside) if beside.exists() else shutil.which("driftfl")
+
+
+@pytest.fixture
+def server_task(monkeypatch):
+    """Flower stamps new messages with the running task's identity; give tests one."""
+    from flwr.supercore.task_identity import TaskIdentity
+
+    for name, value in (("_run_id", 1), ("_node_id", 0), ("_task_id", 0)):
+        monkeypatch.setattr(TaskIdentity, name, value)

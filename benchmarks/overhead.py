@@ -1,0 +1,156 @@
+"""What driftfl's simulation costs over the compute floor, measured side by side in one run.
+
+(a) `driftfl run`: real Flower, a simulation SuperLink, Ray actors (1 core each).
+(b) the floor: the same clients, samples, model and SGD as a plain PyTorch loop in as many
+    worker processes as driftfl has actors (1 torch thread each), clients handed out one at a
+    time, then the same weighted average and the same central evaluation.
+
+Prints, per model, the steady-round wall time of both (median over rounds 2..R: round 1 holds
+Ray's start and the first data load) and their ratio, for the whole round and for the training
+phase alone; with the mlp, whose compute is tiny, the difference is driftfl's fixed cost per round.
+
+    .venv/bin/python benchmarks/overhead.py                  # cnn and mlp, 4 rounds each
+    .venv/bin/python benchmarks/overhead.py --models cnn --rounds 6
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from driftfl.common.config import compose  # noqa: E402
+from driftfl.common.datasets import load_dataset, to_tensors  # noqa: E402
+from driftfl.common.evaluation import evaluate  # noqa: E402
+from driftfl.common.models import build_model  # noqa: E402
+from driftfl.common.partition import partition  # noqa: E402
+
+_worker: dict = {}
+
+
+def _init_worker(cfg_json: str) -> None:
+    """Each floor worker holds every client's tensors, like a Ray actor serving many nodes."""
+    torch.set_num_threads(1)
+    from omegaconf import OmegaConf
+
+    cfg = OmegaConf.create(json.loads(cfg_json))
+    data = load_dataset(cfg.dataset)
+    parts = partition(data.train_y, cfg.partition, int(cfg.num_clients), int(cfg.seed))
+    _worker.update(cfg=cfg, shape=data.shape, classes=data.num_classes, clients=[
+        to_tensors(data.train_x[p], data.train_y[p], data.mean, data.std) for p in parts])
+
+
+def _train_client(job):
+    """Plain PyTorch: SGD with momentum over shuffled mini-batches, cross-entropy."""
+    client, state, server_round = job
+    cfg = _worker["cfg"]
+    x, y = _worker["clients"][client]
+    model = build_model(cfg.model, _worker["shape"], _worker["classes"])
+    model.load_state_dict(state)
+    model.train()
+    opt = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum,
+                          weight_decay=cfg.weight_decay)
+    g = torch.Generator().manual_seed(1000 * server_round + client)
+    for _ in range(int(cfg.local_epochs)):
+        order = torch.randperm(len(y), generator=g)
+        for start in range(0, len(y), int(cfg.batch_size)):
+            idx = order[start:start + int(cfg.batch_size)]
+            loss = F.cross_entropy(model(x[idx]), y[idx])
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+    return {k: v.detach().numpy() for k, v in model.state_dict().items()}, len(y)
+
+
+def floor_rounds(cfg, rounds: int, workers: int) -> list[dict]:
+    data = load_dataset(cfg.dataset)
+    torch.manual_seed(int(cfg.seed))
+    model = build_model(cfg.model, data.shape, data.num_classes)
+    test_x, test_y = to_tensors(data.test_x, data.test_y, data.mean, data.std)
+    ctx = mp.get_context("spawn")
+    with ctx.Pool(workers, initializer=_init_worker, initargs=(json.dumps(
+            __import__("omegaconf").OmegaConf.to_container(cfg)),)) as pool:
+        rows = []
+        for server_round in range(1, rounds + 1):
+            started = time.perf_counter()
+            state = {k: v.clone() for k, v in model.state_dict().items()}
+            jobs = [(c, state, server_round) for c in range(int(cfg.num_clients))]
+            results = list(pool.imap_unordered(_train_client, jobs, chunksize=1))
+            total = sum(n for _, n in results)
+            average = {k: sum(s[k].astype(np.float64) * n / total for s, n in results)
+                       for k in results[0][0]}
+            model.load_state_dict({k: torch.as_tensor(v, dtype=state[k].dtype)
+                                   for k, v in average.items()})
+            trained = time.perf_counter()
+            _, accuracy, _ = evaluate(model, test_x, test_y, int(cfg.eval_batch_size),
+                                      data.num_classes)
+            done = time.perf_counter()
+            rows.append({"round": server_round, "train_seconds": trained - started,
+                         "seconds": done - started, "test_accuracy": accuracy})
+    return rows
+
+
+def driftfl_rounds(overrides: list[str]) -> list[dict]:
+    with tempfile.TemporaryDirectory() as tmp:
+        run_dir = Path(tmp) / "run"
+        driftfl = Path(sys.executable).parent / "driftfl"
+        subprocess.run([str(driftfl), "run", *overrides, f"hydra.run.dir={run_dir}"],
+                       cwd=tmp, check=True, stdout=subprocess.DEVNULL)
+        rows = json.loads((run_dir / "metrics.json").read_text())["rounds"]
+    return [r for r in rows if r["round"] > 0]
+
+
+def steady(rows: list[dict], key: str) -> float:
+    return statistics.median(r[key] for r in rows[1:])  # skip round 1
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", default="cnn,mlp")
+    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--clients", type=int, default=10)
+    args = parser.parse_args()
+    workers = os.cpu_count() or 1  # driftfl's Ray actors: one per core at client_cpus=1
+
+    print(f"driftfl overhead: Fashion-MNIST, {args.clients} clients all training, Dirichlet(0.5), "
+          f"1 local epoch, {args.rounds} rounds, {workers} cores / actors / floor workers")
+    print(f"{'model':<6} {'driftfl round':>14} {'floor round':>12} {'ratio':>6}   "
+          f"{'driftfl train':>14} {'floor train':>12} {'ratio':>6}   {'acc driftfl/floor':>18}")
+    results = {}
+    for name in args.models.split(","):
+        overrides = [f"model={name}", f"num_clients={args.clients}", "fraction=1.0",
+                     "local_epochs=1", f"rounds={args.rounds}", "seed=0"]
+        cfg = compose(overrides)
+        ours = driftfl_rounds(overrides)
+        floor = floor_rounds(cfg, args.rounds, workers)
+        row = {"driftfl_round": steady(ours, "seconds"), "floor_round": steady(floor, "seconds"),
+               "driftfl_train": steady(ours, "train_seconds"),
+               "floor_train": steady(floor, "train_seconds")}
+        results[name] = row
+        print(f"{name:<6} {row['driftfl_round']:>12.2f} s {row['floor_round']:>10.2f} s "
+              f"{row['driftfl_round'] / row['floor_round']:>5.2f}x   "
+              f"{row['driftfl_train']:>12.2f} s {row['floor_train']:>10.2f} s "
+              f"{row['driftfl_train'] / row['floor_train']:>5.2f}x   "
+              f"{100 * ours[-1]['test_accuracy']:>8.2f}/{100 * floor[-1]['test_accuracy']:.2f}%")
+    if "mlp" in results:
+        r = results["mlp"]
+        print(f"fixed cost per round (mlp, driftfl - floor): "
+              f"{r['driftfl_round'] - r['floor_round']:.2f} s")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,84 @@
+"""The run directory, the console lines and the byte meter."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import torch
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, Metadata, MetricRecord, RecordDict
+
+from driftfl.common.config import compose
+from driftfl.server import console
+from driftfl.server.results import RunRecorder
+from driftfl.server.traffic import MeteredGrid, payload_bytes
+
+
+def message(records):
+    meta = Metadata(run_id=1, message_id="", src_node_id=1, dst_node_id=0,
+                    reply_to_message_id="", group_id="", created_at=0.0, ttl=10,
+                    message_type="train")
+    return Message(metadata=meta, content=RecordDict(records))
+
+
+def test_payload_bytes_count_arrays_configs_and_metrics():
+    msg = message({"arrays": ArrayRecord({"w": Array(np.zeros(1000, np.float32))}),
+                   "config": ConfigRecord({"a": "xyz"}), "metrics": MetricRecord({"n": 1})})
+    assert 4000 < payload_bytes(msg) < 4000 + 200  # 4000 bytes of weights + small headers
+
+
+def test_metered_grid_passes_through_and_tallies():
+    class Grid:
+        def send_and_receive(self, messages, timeout=None):
+            return [message({"metrics": MetricRecord({"n": 1})}) for _ in messages]
+
+        def get_node_ids(self):
+            return [1, 2]
+
+    grid = MeteredGrid(Grid())
+    out = message({"arrays": ArrayRecord({"w": Array(np.zeros(10, np.float32))})})
+    replies = grid.send_and_receive([out, out], timeout=5)
+    assert len(replies) == 2 and grid.get_node_ids() == [1, 2]
+    sent, received = grid.take()
+    assert sent == 2 * payload_bytes(out) and received == 2 * payload_bytes(replies[0])
+    assert grid.take() == (0, 0)
+
+
+def test_recorder_writes_csv_json_plot_and_model(tmp_path):
+    recorder = RunRecorder(tmp_path / "run", compose(["rounds=1"]), run_id=7)
+    base = {"test_loss": 1.0, "seconds": 1.0, "train_seconds": 0.5, "eval_seconds": 0.5,
+            "clients": 2, "rejected": 0, "bytes_sent": 10, "bytes_received": 10}
+    recorder.add_round({"round": 0, "test_accuracy": 0.1, **base,
+                        "per_class_accuracy": [0.2, math.nan]})
+    recorder.add_round({"round": 1, "test_accuracy": 0.6, **base, "train_loss": 0.3,
+                        "per_class_accuracy": [0.5, 0.7]})
+    recorder.finish(torch.nn.Linear(2, 2), {"status": "completed"}, "title")
+    run = tmp_path / "run"
+    lines = (run / "metrics.csv").read_text().splitlines()
+    assert lines[0].split(",")[-3:] == ["acc_class_0", "acc_class_1", "train_loss"]
+    assert len(lines) == 3
+    data = json.loads((run / "metrics.json").read_text())
+    assert data["rounds"][0]["per_class_accuracy"] == [0.2, None]  # NaN -> null: valid JSON
+    assert data["summary"]["status"] == "completed"
+    assert json.loads((run / "meta.json").read_text())["flower_run_id"] == 7
+    assert (run / "accuracy.png").stat().st_size > 1000 and (run / "model.pt").is_file()
+
+
+def test_partition_table_switches_to_top_classes_when_wide():
+    narrow = console.partition_table(
+        [{"partition_id": 0, "num_examples": 3, "label_histogram": [1, 2]}], ["a", "b"], "t")
+    assert "     0       3     1     2" in narrow
+    clients = [{"partition_id": i, "num_examples": 10, "label_histogram": [0] * 99 + [10]}
+               for i in range(25)]
+    wide = console.partition_table(clients, [str(i) for i in range(100)], "t")
+    assert "99 (100%)" in wide and "5 more clients in partition.json" in wide
+
+
+def test_round_line_shows_accuracy_time_and_traffic():
+    line = console.round_line({"round": 2, "test_accuracy": 0.8512, "test_loss": 0.41,
+                               "train_seconds": 12.3, "eval_seconds": 0.8, "clients": 10,
+                               "bytes_sent": 3 * 1024 ** 2, "bytes_received": 1024,
+                               "rejected": 1}, 5)
+    assert line.startswith("round   2/5  test acc  85.12%  loss 0.4100")
+    assert "10 clients, 3.0 MB out, 1.0 KB in, 1 rejected" in line
