@@ -108,8 +108,10 @@ def driftfl_rounds(overrides: list[str]) -> list[dict]:
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = Path(tmp) / "run"
         driftfl = Path(sys.executable).parent / "driftfl"
-        subprocess.run([str(driftfl), "run", *overrides, f"hydra.run.dir={run_dir}"],
-                       cwd=tmp, check=True, stdout=subprocess.DEVNULL)
+        out = subprocess.run([str(driftfl), "run", *overrides, f"hydra.run.dir={run_dir}"],
+                             cwd=tmp, capture_output=True, text=True)
+        if out.returncode:
+            sys.exit(f"driftfl run failed:\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}")
         rows = json.loads((run_dir / "metrics.json").read_text())["rounds"]
     return [r for r in rows if r["round"] > 0]
 

@@ -1,13 +1,13 @@
-"""Real deployment on 127.0.0.1: a SuperLink and two SuperNodes as separate processes, started
-with the README's commands. One node reads a partition of Fashion-MNIST, the other only its own
-.npz file. Every process the test starts is stopped."""
+"""Real deployment on 127.0.0.1: a SuperLink and SuperNodes as separate processes, started with
+the README's commands. Nodes read a partition of Fashion-MNIST or only their own data. Every
+process a test starts is stopped."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
@@ -20,10 +20,42 @@ from driftfl.launch import _tool, _wait_healthy, flwr_env, free_port, stop
 pytestmark = pytest.mark.e2e
 
 
-def start(cmd, env, log_path):
-    with open(log_path, "w") as log:
-        return subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+@contextlib.contextmanager
+def deployment(node_configs: list[str], logs: Path):
+    """A SuperLink and one SuperNode per node config; yields `flwr run <overrides>`."""
+    processes = []
+
+    def start(cmd, name):
+        with open(logs / f"{name}.log", "w") as log:
+            processes.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                              start_new_session=True))
+        return processes[-1]
+
+    def flwr_run(overrides: str, run_dir: Path) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [_tool("flwr"), "run", str(REPO), "deployment", "--stream", "--run-config",
+             f"overrides='{overrides}' run-dir='{run_dir}'"],
+            env=env, capture_output=True, text=True, timeout=900)
+
+    with tempfile.TemporaryDirectory() as flwr_home:
+        port = free_port()
+        (Path(flwr_home) / "config.toml").write_text(
+            f'[superlink.deployment]\naddress = "127.0.0.1:{port}"\ninsecure = true\n')
+        env = flwr_env(flwr_home)
+        try:
+            superlink = start([_tool("flower-superlink"), "--insecure", "--host", "127.0.0.1",
+                               "--port", str(port), "--disable-runtime-dependency-installation"],
+                              "superlink")
+            _wait_healthy(port, superlink, logs / "superlink.log")
+            for i, node_config in enumerate(node_configs):
+                start([_tool("flower-supernode"), "--insecure", "--superlink",
+                       f"127.0.0.1:{port}", "--port", str(free_port()), "--node-config",
+                       node_config], f"supernode{i}")
+            yield flwr_run
+        finally:
+            for process in reversed(processes):
+                stop(process)
+            assert all(p.poll() is not None for p in processes)  # nothing left running
 
 
 def test_superlink_and_two_supernodes_train_two_rounds(tmp_path, fmnist_available):
@@ -31,41 +63,11 @@ def test_superlink_and_two_supernodes_train_two_rounds(tmp_path, fmnist_availabl
     data = load_dataset({"name": "fmnist"})
     own = tmp_path / "owner-b.npz"
     np.savez(own, x=data.train_x[10000:11500, 0], y=data.train_y[10000:11500])
-
-    processes = []
-    with tempfile.TemporaryDirectory() as flwr_home:
-        port = free_port()
-        (Path(flwr_home) / "config.toml").write_text(
-            f'[superlink.deployment]\naddress = "127.0.0.1:{port}"\ninsecure = true\n')
-        env = flwr_env(flwr_home)
-        try:
-            superlink_log = tmp_path / "superlink.log"
-            processes.append(start(
-                [_tool("flower-superlink"), "--insecure", "--host", "127.0.0.1", "--port",
-                 str(port), "--disable-runtime-dependency-installation"], env, superlink_log))
-            _wait_healthy(port, processes[0], superlink_log)
-            for i, node_config in enumerate(["partition-id=0 num-partitions=2",
-                                             f"data-dir='{own}'"]):
-                processes.append(start(
-                    [_tool("flower-supernode"), "--insecure", "--superlink", f"127.0.0.1:{port}",
-                     "--port", str(free_port()), "--node-config", node_config],
-                    env, tmp_path / f"supernode{i}.log"))
-            run_dir = tmp_path / "run"
-            overrides = ("model=mlp dataset.subset=4000 dataset.test_subset=2000 num_clients=2 "
-                         "rounds=2 node_wait=120")
-            started = time.monotonic()
-            out = subprocess.run(
-                [_tool("flwr"), "run", str(REPO), "deployment", "--stream", "--run-config",
-                 f"overrides='{overrides}' run-dir='{run_dir}'"],
-                env=env, capture_output=True, text=True, timeout=900)
-            elapsed = time.monotonic() - started
-        finally:
-            for process in reversed(processes):
-                stop(process)
-    logs = out.stdout[-3000:] + out.stderr[-3000:] + "".join(
-        p.read_text()[-2000:] for p in tmp_path.glob("*.log"))
-    assert (run_dir / "summary.json").is_file(), logs
-    assert all(p.poll() is not None for p in processes)  # nothing left running
+    run_dir = tmp_path / "run"
+    with deployment(["partition-id=0 num-partitions=2", f"data-dir='{own}'"], tmp_path) as run:
+        out = run("model=mlp dataset.subset=4000 dataset.test_subset=2000 num_clients=2 "
+                  "rounds=2 node_wait=120", run_dir)
+    assert (run_dir / "summary.json").is_file(), out.stdout[-3000:] + out.stderr[-3000:]
 
     rows = json.loads((run_dir / "metrics.json").read_text())["rounds"]
     assert rows[-1]["test_accuracy"] > rows[0]["test_accuracy"] + 0.3, rows
@@ -76,4 +78,15 @@ def test_superlink_and_two_supernodes_train_two_rounds(tmp_path, fmnist_availabl
     assert by_kind[-1]["num_examples"] == 1500
     assert by_kind[-1]["label_histogram"] == np.bincount(
         data.train_y[10000:11500], minlength=10).tolist()
-    print(f"deployment: 2 rounds in {elapsed:.0f} s")
+
+
+def test_a_node_whose_folder_has_no_images_stops_the_run_before_training(tmp_path,
+                                                                         fmnist_available):
+    (tmp_path / "empty" / "0").mkdir(parents=True)
+    run_dir = tmp_path / "run"
+    with deployment([f"data-dir='{tmp_path / 'empty'}'"], tmp_path) as run:
+        out = run("model=mlp dataset.test_subset=500 num_clients=1 rounds=1 node_wait=120",
+                  run_dir)
+    assert "driftfl: error: a client cannot read its data" in out.stdout, out.stdout[-3000:]
+    assert "no images found in" in out.stdout
+    assert not (run_dir / "metrics.csv").exists()  # no round was run

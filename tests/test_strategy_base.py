@@ -6,6 +6,7 @@ import pytest
 from flwr.app import ArrayRecord, ConfigRecord
 
 from driftfl.common.config import compose
+from driftfl.common.errors import ConfigError
 from driftfl.common.protocol import ARRAYS, CONFIG, METHOD, SERVER_ROUND
 from driftfl.strategies import FedAvg, build_strategy
 from driftfl.strategies.base import wait_for_nodes
@@ -57,5 +58,5 @@ def test_train_messages_carry_model_config_and_objective(server_task):
 
 
 def test_waiting_for_nodes_gives_up_with_advice():
-    with pytest.raises(RuntimeError, match=r"only 2 of num_clients=5.*num_supernodes"):
+    with pytest.raises(ConfigError, match=r"only 2 of num_clients=5.*num_supernodes"):
         wait_for_nodes(FakeGrid([1, 2]), 5, timeout=0.1, every=100)

@@ -33,17 +33,22 @@ from .traffic import MeteredGrid
 app = ServerApp()
 
 
+class ExperimentRefused(Exception):
+    """The experiment cannot run as configured (the reason was printed just before)."""
+
+
 @app.main()
 def main(grid: Grid, context: Context) -> None:
+    run_dir = context.run_config.get("run-dir") or (
+        paths.home() / "runs" / time.strftime("%Y-%m-%d") / time.strftime("%H-%M-%S"))
     try:
         cfg = compose(parse_overrides(str(context.run_config.get("overrides", ""))))
         experiment = prepare_experiment(cfg)
+        run_experiment(grid, experiment, Path(str(run_dir)), context.run_id)
     except ConfigError as err:
         print(f"driftfl: error: {err}", flush=True)
-        raise SystemExit(2) from None
-    run_dir = context.run_config.get("run-dir") or (
-        paths.home() / "runs" / time.strftime("%Y-%m-%d") / time.strftime("%H-%M-%S"))
-    run_experiment(grid, experiment, Path(str(run_dir)), context.run_id)
+        # An Exception, not SystemExit: Flower then flushes the logs and marks the run failed.
+        raise ExperimentRefused(str(err)) from None
 
 
 def run_experiment(grid: Grid, experiment: Experiment, run_dir: Path, run_id: int) -> dict:
@@ -98,7 +103,7 @@ def survey_clients(grid: MeteredGrid, job: ConfigRecord, expected: int, node_wai
     failures = [r.error.reason for r in replies if r.has_error()]
     if failures or len(replies) < len(nodes):
         reason = failures[0] if failures else f"only {len(replies)} of {len(nodes)} answered"
-        raise RuntimeError(f"clients could not report their data: {reason}")
+        raise ConfigError(f"a client cannot read its data: {reason}")
     clients = []
     for reply in replies:
         metrics = reply.content[METRICS]

@@ -24,6 +24,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 from flwr.supercore import log
 
+from driftfl.common.errors import ConfigError
 from driftfl.common.protocol import ARRAYS, CONFIG, METHOD, SERVER_ROUND
 
 from .aggregation import (ClientUpdate, check_reply, example_weights, mean_metrics, to_numpy,
@@ -122,7 +123,7 @@ def wait_for_nodes(grid: Grid, minimum: int, timeout: float = math.inf,
     while len(nodes := list(grid.get_node_ids())) < minimum:
         waited = time.monotonic() - started
         if waited > timeout:
-            raise RuntimeError(
+            raise ConfigError(
                 f"only {len(nodes)} of num_clients={minimum} nodes connected in {timeout:.0f} s; "
                 "in simulation pass --federation-config \"num_supernodes=<num_clients>\" to flwr "
                 "run, in deployment start more SuperNodes (or lower num_clients)")
