@@ -58,20 +58,22 @@ def deployment(node_configs: list[str], logs: Path):
             assert all(p.poll() is not None for p in processes)  # nothing left running
 
 
-def test_superlink_and_two_supernodes_train_two_rounds(tmp_path, fmnist_available):
+def test_superlink_and_two_supernodes_train_two_rounds_of_fedcsd(tmp_path, fmnist_available):
+    """FedCSD: each round is a prototype query and then training, through real processes."""
     # the second data owner's own file: 1500 Fashion-MNIST images no partition contains
     data = load_dataset({"name": "fmnist"})
     own = tmp_path / "owner-b.npz"
     np.savez(own, x=data.train_x[10000:11500, 0], y=data.train_y[10000:11500])
     run_dir = tmp_path / "run"
     with deployment(["partition-id=0 num-partitions=2", f"data-dir='{own}'"], tmp_path) as run:
-        out = run("model=mlp dataset.subset=4000 dataset.test_subset=2000 num_clients=2 "
-                  "rounds=2 node_wait=120", run_dir)
+        out = run("strategy=fedcsd model=mlp dataset.subset=4000 dataset.test_subset=2000 "
+                  "num_clients=2 rounds=2 node_wait=120", run_dir)
     assert (run_dir / "summary.json").is_file(), out.stdout[-3000:] + out.stderr[-3000:]
 
     rows = json.loads((run_dir / "metrics.json").read_text())["rounds"]
     assert rows[-1]["test_accuracy"] > rows[0]["test_accuracy"] + 0.3, rows
-    assert rows[1]["clients"] == 2
+    assert rows[1]["clients"] == 2 and 0 < rows[2]["teacher_accuracy"] < 1
+    assert all(r["teacher_logits_reused"] == 1 for r in rows[1:])  # node state kept the logits
     clients = json.loads((run_dir / "partition.json").read_text())["clients"]
     by_kind = {c["partition_id"]: c for c in clients}
     assert set(by_kind) == {-1, 0}  # one partition node, one own-data node

@@ -68,19 +68,31 @@ def test_driftfl_run_trains_and_writes_the_run_directory(tmp_path, fmnist_availa
     model.load_state_dict(torch.load(run_dir / "model.pt"))  # the final model loads back
 
 
+STRATEGIES = ["fedavg", "fedprox", "fedavgm", "fednova", "fedcsd", "fedlsd", "fedntd", "fedgkd"]
+
+
 def test_sweep_runs_every_strategy_in_its_own_directory(tmp_path, fmnist_available):
     sweep = tmp_path / "sweep"
-    out = subprocess.run([driftfl_bin(), "run", "-m", "strategy=fedavg,fedprox,fedavgm,fednova",
+    out = subprocess.run([driftfl_bin(), "run", "-m", f"strategy={','.join(STRATEGIES)}",
                           *QUICK, f"hydra.sweep.dir={sweep}"],
-                         cwd=tmp_path, capture_output=True, text=True, timeout=1200)
+                         cwd=tmp_path, capture_output=True, text=True, timeout=1800)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    jobs = sorted(p for p in sweep.iterdir() if p.is_dir() and (p / "config.yaml").exists())
-    assert len(jobs) == 4
-    names = set()
-    for job in jobs:
-        assert_learned(job)
-        names.add(yaml.safe_load((job / "config.yaml").read_text())["strategy"]["name"])
-    assert names == {"fedavg", "fedprox", "fedavgm", "fednova"}
+    jobs = {}
+    for job in sweep.iterdir():
+        if (job / "config.yaml").exists():
+            jobs[yaml.safe_load((job / "config.yaml").read_text())["strategy"]["name"]] = job
+    assert sorted(jobs) == sorted(STRATEGIES)
+    rows = {name: assert_learned(job) for name, job in jobs.items()}
+    assert all(r[1]["logit_shift"] > 0 for r in rows.values())  # every client measures it
+
+    # FedCSD: its diagnostics, and the two exchanges a round costs in bytes
+    csd, avg = rows["fedcsd"], rows["fedavg"]
+    for row in csd[1:]:
+        assert 0 <= row["mask_filter_rate"] <= 1 and 0 < row["teacher_accuracy"] < 1
+        assert row["teacher_logits_reused"] == 1  # one teacher forward pass per round
+    assert csd[1]["mask_filter_rate"] > csd[-1]["mask_filter_rate"]  # the teacher improves
+    assert csd[1]["bytes_sent"] > 2.9 * avg[1]["bytes_sent"]  # teacher in query and train
+    assert "teacher_accuracy" in rows["fedgkd"][2] and "mask_filter_rate" not in avg[1]
 
 
 def test_plain_flwr_run_reads_the_same_conf_tree(tmp_path, fmnist_available):

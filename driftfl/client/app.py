@@ -1,4 +1,5 @@
-"""The ClientApp: answers ``train``, ``evaluate`` and ``query.data-summary`` messages."""
+"""The ClientApp: answers ``train``, ``evaluate`` and the queries of the data survey and of
+FedCSD's prototype phase."""
 
 from __future__ import annotations
 
@@ -7,67 +8,56 @@ import torch
 from flwr.app import Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from driftfl.common.config import from_json
 from driftfl.common.evaluation import evaluate as evaluate_model
-from driftfl.common.models import build_model
-from driftfl.common.protocol import (ARRAYS, CONFIG, DATA_SUMMARY, DATASET_META, EXPERIMENT,
-                                     LABEL_HISTOGRAM,
-                                     LOCAL_STEPS, METHOD, METRICS, NUM_EXAMPLES, PARTITION_ID,
-                                     SERVER_ROUND, TRAIN_LOSS, DatasetMeta, load_arrays,
-                                     model_to_arrays)
+from driftfl.common.protocol import (ARRAYS, CONFIG, CSD_PROTOTYPES, DATA_SUMMARY,
+                                     LABEL_HISTOGRAM, LOCAL_STEPS, METHOD, METRICS, NUM_EXAMPLES,
+                                     PARTITION_ID, PROTOTYPES, TRAIN_LOSS, model_to_arrays)
 
-from .data import LocalData, local_data
+from .job import ClientJob
 from .objectives import build_objective
-from .train import TrainSettings, train_locally
+from .objectives.csd import prototype_reply
+from .objectives.distill import logits_of
+from .train import TrainSettings, logit_shift, train_locally
 
 app = ClientApp()
 
 
-def _job(msg: Message, context: Context):
-    config = msg.content[CONFIG]
-    experiment = from_json(str(config[EXPERIMENT]))
-    meta = DatasetMeta.from_json(str(config[DATASET_META]))
-    return experiment, meta, local_data(experiment, meta, context.node_config)
-
-
-def _model(experiment, meta: DatasetMeta, msg: Message) -> torch.nn.Module:
-    model = build_model(experiment.model, meta.shape, len(meta.classes))
-    load_arrays(model, msg.content[ARRAYS])
-    return model.to(experiment.device)
-
-
-def _generator(experiment, server_round: int, data: LocalData) -> torch.Generator:
-    """Shuffling differs per round and client but is fixed by the experiment seed."""
-    key = [int(experiment.seed), server_round, data.partition_id + 1]
-    return torch.Generator().manual_seed(int(np.random.SeedSequence(key).generate_state(1)[0]))
+def _seed(job: ClientJob, purpose: int) -> int:
+    """Randomness differs per round, client and purpose, and is fixed by the experiment seed."""
+    key = [int(job.experiment.seed), job.server_round, job.data.partition_id + 1, purpose]
+    return int(np.random.SeedSequence(key).generate_state(1)[0])
 
 
 @app.train()
 def train(msg: Message, context: Context) -> Message:
-    experiment, meta, data = _job(msg, context)
-    config = msg.content[CONFIG]
-    model = _model(experiment, meta, msg)
-    objective = build_objective(str(config[METHOD]), experiment.strategy, msg)
-    settings = TrainSettings(int(experiment.local_epochs), int(experiment.batch_size),
-                             float(experiment.lr), float(experiment.momentum),
-                             float(experiment.weight_decay))
-    stats = train_locally(model, data.x.to(experiment.device), data.y.to(experiment.device),
-                          settings, objective,
-                          _generator(experiment, int(config[SERVER_ROUND]), data))
+    job = ClientJob.from_message(msg, context)
+    exp = job.experiment
+    model = job.model(ARRAYS)
+    objective = build_objective(str(msg.content[CONFIG][METHOD]), exp.strategy, job)
+    x, y = job.tensors()
+    # a fixed sample of local data on which to measure the logit shift local training causes
+    probe = torch.randperm(len(y), generator=torch.Generator().manual_seed(_seed(job, 1)))
+    probe_x = x[probe[: int(exp.logit_shift_samples)].to(x.device)]
+    global_logits = logits_of(model, probe_x)
+
+    settings = TrainSettings(int(exp.local_epochs), int(exp.batch_size), float(exp.lr),
+                             float(exp.momentum), float(exp.weight_decay))
+    stats = train_locally(model, x, y, settings, objective,
+                          torch.Generator().manual_seed(_seed(job, 0)))
     metrics = MetricRecord({NUM_EXAMPLES: stats.num_examples, LOCAL_STEPS: stats.steps,
-                            TRAIN_LOSS: stats.mean_loss, **objective.diagnostics()})
+                            TRAIN_LOSS: stats.mean_loss,
+                            "logit-shift": logit_shift(global_logits, model, probe_x),
+                            **objective.diagnostics()})
     return Message(RecordDict({ARRAYS: model_to_arrays(model), METRICS: metrics}), reply_to=msg)
 
 
 @app.evaluate()
 def evaluate(msg: Message, context: Context) -> Message:
     """The received model on this node's own data."""
-    experiment, meta, data = _job(msg, context)
-    model = _model(experiment, meta, msg)
-    loss, accuracy, _ = evaluate_model(model, data.x.to(experiment.device),
-                                       data.y.to(experiment.device),
-                                       int(experiment.eval_batch_size), len(meta.classes))
-    metrics = MetricRecord({NUM_EXAMPLES: len(data), "local-loss": loss,
+    job = ClientJob.from_message(msg, context)
+    loss, accuracy, _ = evaluate_model(job.model(ARRAYS), *job.tensors(),
+                                       int(job.experiment.eval_batch_size), job.num_classes)
+    metrics = MetricRecord({NUM_EXAMPLES: len(job.data), "local-loss": loss,
                             "local-accuracy": accuracy})
     return Message(RecordDict({METRICS: metrics}), reply_to=msg)
 
@@ -75,8 +65,16 @@ def evaluate(msg: Message, context: Context) -> Message:
 @app.query(DATA_SUMMARY)
 def data_summary(msg: Message, context: Context) -> Message:
     """How much of each class this node holds (and which partition it is)."""
-    _, meta, data = _job(msg, context)
-    histogram = torch.bincount(data.y, minlength=len(meta.classes)).tolist()
-    metrics = MetricRecord({PARTITION_ID: data.partition_id, NUM_EXAMPLES: len(data),
+    job = ClientJob.from_message(msg, context)
+    histogram = torch.bincount(job.data.y, minlength=job.num_classes).tolist()
+    metrics = MetricRecord({PARTITION_ID: job.data.partition_id, NUM_EXAMPLES: len(job.data),
                             LABEL_HISTOGRAM: histogram})
     return Message(RecordDict({METRICS: metrics}), reply_to=msg)
+
+
+@app.query(CSD_PROTOTYPES)
+def csd_prototypes(msg: Message, context: Context) -> Message:
+    """FedCSD's prototype phase: the teacher's mean logits per class on this node's data."""
+    prototypes, n = prototype_reply(ClientJob.from_message(msg, context))
+    return Message(RecordDict({PROTOTYPES: prototypes, METRICS: MetricRecord({NUM_EXAMPLES: n})}),
+                   reply_to=msg)

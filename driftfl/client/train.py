@@ -6,9 +6,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from .objectives import Batch, Objective
+from .objectives.distill import logits_of
 
 
 @dataclass(frozen=True)
@@ -27,13 +29,12 @@ class TrainStats:
     num_examples: int
 
 
-def batches(x: torch.Tensor, y: torch.Tensor, batch_size: int,
-            generator: torch.Generator) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """One shuffled pass over (x, y); the last batch may be smaller."""
-    order = torch.randperm(len(y), generator=generator).to(y.device)
-    for start in range(0, len(y), batch_size):
-        idx = order[start:start + batch_size]
-        yield x[idx], y[idx]
+def batches(n: int, batch_size: int, generator: torch.Generator,
+            device: torch.device | str = "cpu") -> Iterator[torch.Tensor]:
+    """Indices of one shuffled pass over n samples; the last batch may be smaller."""
+    order = torch.randperm(n, generator=generator).to(device)
+    for start in range(0, n, batch_size):
+        yield order[start:start + batch_size]
 
 
 def train_locally(model: nn.Module, x: torch.Tensor, y: torch.Tensor, settings: TrainSettings,
@@ -46,9 +47,10 @@ def train_locally(model: nn.Module, x: torch.Tensor, y: torch.Tensor, settings: 
     steps, seen = 0, 0
     loss_sum = torch.zeros((), device=x.device)
     for _ in range(settings.epochs):
-        for xb, yb in batches(x, y, settings.batch_size, generator):
+        for idx in batches(len(y), settings.batch_size, generator, x.device):
+            xb, yb = x[idx], y[idx]
             features = model.features(xb)
-            loss = objective.loss(Batch(xb, yb, features, model.head(features)))
+            loss = objective.loss(Batch(xb, yb, features, model.head(features), idx))
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
@@ -56,3 +58,13 @@ def train_locally(model: nn.Module, x: torch.Tensor, y: torch.Tensor, settings: 
             seen += len(yb)
             loss_sum += loss.detach() * len(yb)
     return TrainStats(steps, float(loss_sum) / max(seen, 1), len(y))
+
+
+def logit_shift(before: torch.Tensor, model: nn.Module, x: torch.Tensor) -> float:
+    """Mean KL(softmax(local logits) || softmax(global logits)) on x: how far local training
+    moved the model's predictions away from the global model's (``before``)."""
+    if not len(x):
+        return 0.0
+    after = logits_of(model, x)
+    return float(F.kl_div(F.log_softmax(before, dim=1), F.log_softmax(after, dim=1),
+                          reduction="batchmean", log_target=True))

@@ -39,8 +39,18 @@ DATA_SUMMARY = "data_summary"  # message type "query.data_summary"
 PARTITION_ID = "partition-id"
 LABEL_HISTOGRAM = "label-histogram"
 
-# the local objectives a client can run, by the name the ``method`` key carries
-OBJECTIVES = ("ce", "prox")
+# knowledge records a strategy may send with the global model
+TEACHER = "teacher"  # a teacher model's arrays (FedCSD's EMA teacher, FedGKD's buffer mean)
+PROTOTYPES = "prototypes"  # FedCSD's global class prototypes: arrays "prototypes" (C, C)
+
+# FedCSD's prototype phase: query "query.csd_prototypes" carries the teacher; the reply's
+# "prototypes" record holds "prototypes" (C, C) mean teacher logits per class and "counts" (C,)
+CSD_PROTOTYPES = "csd_prototypes"
+
+# the local objectives a client can run, by the name the ``method`` key carries, and the
+# knowledge records each needs from the server
+OBJECTIVES = ("ce", "prox", "csd", "lsd", "ntd", "gkd")
+OBJECTIVE_NEEDS = {"csd": {TEACHER, PROTOTYPES}, "gkd": {TEACHER}}
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import torch
 from flwr.app import ConfigRecord, Context, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp import Grid, ServerApp
 
@@ -128,6 +129,13 @@ class RoundEvaluator:
         self.num_classes = data.num_classes
         self.round_started = time.perf_counter()
 
+    def accuracy_of(self, arrays: dict[str, np.ndarray]) -> float:
+        """Test accuracy of another model (a teacher, ...) on the central test set."""
+        scratch = copy.deepcopy(self.model)
+        scratch.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in arrays.items()})
+        return evaluate(scratch, self.x, self.y, int(self.cfg.eval_batch_size),
+                        self.num_classes)[1]
+
     def __call__(self, server_round: int, arrays) -> MetricRecord:
         eval_started = time.perf_counter()
         load_arrays(self.model, arrays)
@@ -146,6 +154,7 @@ class RoundEvaluator:
         if report:  # the clients' metrics: train-loss -> train_loss, ...
             for k, v in {**report.train_metrics, **report.evaluate_metrics}.items():
                 row[k.replace("-", "_")] = v
+            row.update(self.strategy.server_metrics(self.accuracy_of))
         row["per_class_accuracy"] = per_class
         self.recorder.add_round(row)
         print(console.round_line(row, int(self.cfg.rounds)), flush=True)

@@ -44,10 +44,13 @@ class RoundReport:
 class DriftStrategy(FedAvg):
     """FedAvg with driftfl's sampling, message content and reply checks."""
 
+    provides: frozenset[str] = frozenset()  # knowledge records sent with the global model
+
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.objective = "ce"  # the clients' local objective (strategy.objective)
         self.seed = 0
+        self.round_timeout = 3600.0  # for exchanges a strategy runs inside configure_train
         self.node_rank: dict[int, int] = {}  # node id -> partition id (data-summary query)
         self.report = RoundReport()
         self.global_arrays: dict[str, np.ndarray] = {}  # the model sent this round
@@ -64,6 +67,12 @@ class DriftStrategy(FedAvg):
         return [nodes[i] for i in chosen]
 
     # -- what they receive ---------------------------------------------------------------
+    def before_train(self, server_round: int, nodes: list[int], config: ConfigRecord,
+                     grid: Grid) -> list[int]:
+        """An exchange a method runs before training (FedCSD's prototype phase); returns the
+        nodes that go on to train. None for FedAvg."""
+        return nodes
+
     def knowledge(self, server_round: int) -> dict:
         """Further named records a method sends with the global model (none for FedAvg)."""
         return {}
@@ -73,8 +82,8 @@ class DriftStrategy(FedAvg):
         self.global_arrays = to_numpy(arrays)
         config[SERVER_ROUND] = server_round
         config[METHOD] = self.objective
+        nodes = self.before_train(server_round, self.sample(server_round, grid), config, grid)
         content = RecordDict({ARRAYS: arrays, CONFIG: config, **self.knowledge(server_round)})
-        nodes = self.sample(server_round, grid)
         log(INFO, "configure_train: %d of the nodes train in round %d", len(nodes), server_round)
         return self._construct_messages(content, nodes, MessageType.TRAIN)
 
@@ -108,6 +117,11 @@ class DriftStrategy(FedAvg):
         self.report.train_metrics = metrics
         self.last_aggregate = self.aggregate_arrays(updates)
         return to_record(self.last_aggregate), MetricRecord(metrics)
+
+    def server_metrics(self, accuracy_of) -> dict[str, float]:
+        """Method diagnostics the server measures each round; ``accuracy_of(arrays)`` tests a
+        model on the central test set."""
+        return {}
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]
                            ) -> MetricRecord | None:

@@ -5,16 +5,24 @@ from __future__ import annotations
 from driftfl.common.errors import lookup
 
 from .base import Batch, Objective
+from .csd import CSD
+from .gkd import GKD
+from .lsd import LSD
+from .ntd import NTD
 from .prox import Prox
 
 OBJECTIVES: dict[str, type[Objective]] = {
     "ce": Objective,
     "prox": Prox,
+    "csd": CSD,
+    "lsd": LSD,
+    "ntd": NTD,
+    "gkd": GKD,
 }
 
 
-def build_objective(name: str, params, message) -> Objective:
-    return lookup("objective", name, OBJECTIVES)(params, message)
+def build_objective(name: str, params, job=None) -> Objective:
+    return lookup("objective", name, OBJECTIVES)(params, job)
 
 
 __all__ = ["OBJECTIVES", "Batch", "Objective", "build_objective"]

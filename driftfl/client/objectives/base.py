@@ -4,11 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
-from flwr.app import Message
 from torch import nn
+
+if TYPE_CHECKING:
+    from driftfl.client.job import ClientJob
 
 
 @dataclass(frozen=True)
@@ -17,6 +20,7 @@ class Batch:
     y: torch.Tensor
     features: torch.Tensor  # the model's features (input to its linear head), with gradient
     logits: torch.Tensor  # the model's logits, with gradient
+    index: torch.Tensor  # positions of the batch's samples in the client's local data
 
 
 class Objective:
@@ -29,9 +33,9 @@ class Objective:
 
     weight: float = 0.0
 
-    def __init__(self, params: Mapping, message: Message):
+    def __init__(self, params: Mapping, job: ClientJob | None = None):
         self.params = params  # the strategy's section of the experiment config
-        self.message = message
+        self.job = job  # the message, its records, the node's context (None in unit tests)
 
     def prepare(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> None:
         """Called once before local training, with the model holding the global weights."""

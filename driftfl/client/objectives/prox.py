@@ -8,8 +8,8 @@ from .base import Batch, Objective
 
 
 class Prox(Objective):
-    def __init__(self, params, message):
-        super().__init__(params, message)
+    def __init__(self, params, job=None):
+        super().__init__(params, job)
         self.weight = float(params["mu"])
 
     def prepare(self, model, x, y) -> None:

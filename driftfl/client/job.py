@@ -1,0 +1,54 @@
+"""Everything a handler knows about the message it is answering, in one place."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from flwr.app import Context, Message
+from omegaconf import DictConfig
+
+from driftfl.common.config import from_json
+from driftfl.common.models import DriftModel, build_model
+from driftfl.common.protocol import CONFIG, DATASET_META, EXPERIMENT, SERVER_ROUND, DatasetMeta, \
+    load_arrays
+
+from .data import LocalData, local_data
+
+
+@dataclass
+class ClientJob:
+    experiment: DictConfig
+    meta: DatasetMeta
+    data: LocalData
+    message: Message
+    context: Context
+
+    @classmethod
+    def from_message(cls, msg: Message, context: Context) -> ClientJob:
+        config = msg.content[CONFIG]
+        experiment = from_json(str(config[EXPERIMENT]))
+        meta = DatasetMeta.from_json(str(config[DATASET_META]))
+        return cls(experiment, meta, local_data(experiment, meta, context.node_config), msg,
+                   context)
+
+    @property
+    def device(self) -> torch.device:
+        return torch.device(self.experiment.device)
+
+    @property
+    def server_round(self) -> int:
+        return int(self.message.content[CONFIG].get(SERVER_ROUND, 0))
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.meta.classes)
+
+    def model(self, record: str) -> DriftModel:
+        """A model of the experiment's architecture holding the message's ``record`` arrays."""
+        model = build_model(self.experiment.model, self.meta.shape, self.num_classes)
+        load_arrays(model, self.message.content[record])
+        return model.to(self.device)
+
+    def tensors(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.data.x.to(self.device), self.data.y.to(self.device)

@@ -1,0 +1,76 @@
+"""FedCSD's server: an EMA teacher and, every round, the prototype phase before training.
+
+1. Prototype phase: the sampled nodes get the teacher (query ``csd_prototypes``) and answer with
+   P_k (per-class mean teacher logits) and their class counts; P_G,c = mean of P_k,c over the
+   clients that hold class c, uniformly over clients (Eq. 7); a class nobody holds: a zero row.
+2. Train phase, for the nodes that answered: global model, teacher and P_G.
+3. After FedAvg: teacher <- alpha * teacher + (1 - alpha) * global (alpha = 0: the last global).
+"""
+
+from __future__ import annotations
+
+from logging import WARNING
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
+from flwr.supercore import log
+
+from driftfl.common.protocol import CONFIG, CSD_PROTOTYPES, PROTOTYPES, TEACHER
+
+from .aggregation import to_record
+from .teacher import EMATeacher
+
+
+def check_prototypes(msg: Message, num_classes: int) -> tuple[np.ndarray, np.ndarray] | str:
+    """(P_k, counts), or why the reply cannot be used."""
+    if msg.has_error():
+        return f"error reply: {msg.error.reason}"
+    if PROTOTYPES not in msg.content.array_records:
+        return f"reply lacks the '{PROTOTYPES}' record"
+    record = msg.content.array_records[PROTOTYPES]
+    try:
+        prototypes, counts = record["prototypes"].numpy(), record["counts"].numpy()
+    except Exception as err:  # missing or unreadable arrays
+        return f"prototypes cannot be read: {err!r}"
+    if prototypes.shape != (num_classes, num_classes) or counts.shape != (num_classes,):
+        return f"prototypes {prototypes.shape} / counts {counts.shape} for {num_classes} classes"
+    if not np.isfinite(prototypes).all() or (counts < 0).any():
+        return "prototypes hold NaN/inf or counts are negative"
+    return prototypes.astype(np.float32), counts
+
+
+def global_prototypes(replies: list[tuple[np.ndarray, np.ndarray]],
+                      num_classes: int) -> np.ndarray:
+    """P_G,c = mean over the clients holding class c of P_k,c; zero rows for unheld classes."""
+    total = np.zeros((num_classes, num_classes), dtype=np.float64)
+    holders = np.zeros(num_classes)
+    for prototypes, counts in replies:
+        held = counts > 0
+        total[held] += prototypes[held]
+        holders += held
+    return (total / np.maximum(holders, 1)[:, None]).astype(np.float32)
+
+
+class FedCSD(EMATeacher):
+    provides = frozenset({TEACHER, PROTOTYPES})
+    num_classes = 0  # set by build_strategy from the model's head
+
+    def before_train(self, server_round, nodes, config: ConfigRecord, grid):
+        teacher = to_record(self.teacher)
+        query = [Message(RecordDict({TEACHER: teacher, CONFIG: config}), dst_node_id=node,
+                         message_type=f"{MessageType.QUERY}.{CSD_PROTOTYPES}") for node in nodes]
+        answered, usable = [], []
+        for reply in grid.send_and_receive(query, timeout=self.round_timeout):
+            checked = check_prototypes(reply, self.num_classes)
+            if isinstance(checked, str):
+                log(WARNING, "prototype reply from node %s rejected: %s",
+                    reply.metadata.src_node_id, checked)
+            else:
+                answered.append(reply.metadata.src_node_id)
+                usable.append(checked)
+        self.prototypes = global_prototypes(usable, self.num_classes)
+        return [node for node in nodes if node in set(answered)]
+
+    def knowledge(self, server_round: int) -> dict:
+        return {**super().knowledge(server_round),
+                PROTOTYPES: ArrayRecord({"prototypes": Array(self.prototypes)})}

@@ -1,0 +1,134 @@
+"""The teacher-distillation family pinned on hand-worked cases: FedCSD, FedLSD, FedNTD, FedGKD."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from flwr.app import Array, ArrayRecord, Context, RecordDict
+
+from driftfl.client.objectives.csd import (class_prototypes, csd_loss, csd_mask,
+                                           recall_teacher_logits, remember_teacher_logits)
+from driftfl.client.objectives.distill import logits_of
+from driftfl.client.objectives.gkd import gkd_term
+from driftfl.client.objectives.lsd import lsd_loss
+from driftfl.client.objectives.ntd import drop_true_class, not_true_kl
+
+
+def softmax(v):
+    e = [math.exp(a) for a in v]
+    return [a / sum(e) for a in e]
+
+
+# --- FedCSD -----------------------------------------------------------------------------------
+
+def test_csd_loss_on_a_hand_worked_case():
+    """3 classes, 2 samples, tau = 2, prototypes = identity rows; sample 2 is masked out."""
+    tau = 2.0
+    z = [[1.0, 0.0, 0.0], [0.0, 1.0, 0.0]]  # local logits
+    z_t = [[2.0, 1.0, 0.0], [0.0, 0.0, 3.0]]  # teacher logits
+    labels = [0, 1]
+    # sample 1: cos(z1, e_c) = (1, 0, 0); weights = softmax(1, 0, 0); z_hat = weights * z_t
+    w = softmax([1.0, 0.0, 0.0])
+    z_hat = [w[c] * z_t[0][c] for c in range(3)]
+    q_t = softmax([a / tau for a in z_hat])
+    log_q = [math.log(p) for p in softmax([a / tau for a in z[0]])]
+    sample1 = tau ** 2 * -sum(q_t[c] * log_q[c] for c in range(3))
+    # the teacher gives sample 1's label 0 a probability above 1/3: kept
+    assert softmax(z_t[0])[0] > 1 / 3
+    # sample 2: the teacher gives label 1 probability 1/(2 + e^3) < 1/3: masked out
+    assert softmax(z_t[1])[1] < 1 / 3
+    expected = (sample1 + 0.0) / 2  # batch mean over both samples, the masked one included
+
+    loss = csd_loss(torch.tensor(z), torch.tensor(z_t), torch.tensor(labels), torch.eye(3), tau)
+    assert loss.item() == pytest.approx(expected, rel=1e-6)
+
+
+def test_csd_gradient_does_not_flow_through_the_similarity_weights():
+    torch.manual_seed(0)
+    z = torch.randn(4, 5, requires_grad=True)
+    z_t, y, prototypes, tau = torch.randn(4, 5), torch.tensor([0, 1, 2, 3]), torch.randn(5, 5), 3.0
+    csd_loss(z, z_t, y, prototypes, tau).backward()
+    # with the weights held constant, d/dz [tau^2 CE(q_t, softmax(z / tau))] = tau (q - q_t)
+    weights = F.softmax(F.cosine_similarity(z.detach()[:, None], prototypes[None], dim=2), dim=1)
+    q_t = F.softmax(weights * z_t / tau, dim=1)
+    q = F.softmax(z.detach() / tau, dim=1)
+    mask = csd_mask(z_t, y, "adaptive")[:, None]
+    assert torch.allclose(z.grad, mask * tau * (q - q_t) / 4, atol=1e-6)
+    assert not z_t.requires_grad
+
+
+def test_forcible_mask_differs_from_adaptive_where_it_should():
+    # teacher probabilities (0.39, 0.47, 0.14): label 0 is above 1/3 but not the argmax
+    z_t = torch.tensor([[1.0, 1.2, 0.0], [3.0, 0.0, 0.0], [0.0, 0.0, 3.0]])
+    y = torch.tensor([0, 0, 0])
+    assert csd_mask(z_t, y, "adaptive").tolist() == [1.0, 1.0, 0.0]
+    assert csd_mask(z_t, y, "forcible").tolist() == [0.0, 1.0, 0.0]
+    assert csd_mask(z_t, y, "off").tolist() == [1.0, 1.0, 1.0]
+
+
+def test_without_similarity_the_teacher_logits_are_used_as_they_are():
+    z, z_t, y = torch.randn(3, 4), torch.randn(3, 4), torch.tensor([0, 1, 2])
+    plain = csd_loss(z, z_t, y, torch.randn(4, 4), 5.0, similarity=False, mask="off")
+    q_t = F.softmax(z_t / 5.0, dim=1)
+    expected = (-(q_t * F.log_softmax(z / 5.0, dim=1)).sum(1) * 25.0).mean()
+    assert torch.isclose(plain, expected)
+
+
+def test_client_prototypes_are_per_class_mean_teacher_logits():
+    logits = torch.tensor([[1.0, 2.0], [3.0, 4.0], [10.0, 0.0]])
+    prototypes, counts = class_prototypes(logits, torch.tensor([0, 0, 1]), 3)
+    assert prototypes.tolist() == [[2.0, 3.0], [10.0, 0.0], [0.0, 0.0]]
+    assert counts.tolist() == [2, 1, 0]
+
+
+def test_teacher_logits_of_the_prototype_phase_are_reused_only_for_the_same_teacher():
+    context = Context(run_id=1, node_id=1, node_config={}, state=RecordDict(), run_config={})
+    teacher = ArrayRecord({"w": Array(torch.ones(3).numpy())})
+    other = ArrayRecord({"w": Array(torch.zeros(3).numpy())})
+    logits = torch.randn(5, 3)
+    remember_teacher_logits(context, teacher, logits)
+    assert torch.equal(recall_teacher_logits(context, teacher, 5), logits)
+    assert recall_teacher_logits(context, other, 5) is None  # another teacher: recompute
+    assert recall_teacher_logits(context, teacher, 6) is None  # other data: recompute
+
+
+def test_logits_of_restores_training_mode():
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.BatchNorm1d(2)).train()
+    logits_of(model, torch.randn(4, 2))
+    assert model.training
+
+
+# --- FedLSD, FedNTD, FedGKD ---------------------------------------------------------------------
+
+def test_lsd_is_a_beta_mix_of_cross_entropy_and_soft_cross_entropy_without_t_squared():
+    z, z_g, y = [[1.0, 2.0, 0.0]], [[0.0, 1.0, 3.0]], [1]
+    beta, T = 0.3, 2.0
+    ce = -math.log(softmax(z[0])[1])
+    target = softmax([a / T for a in z_g[0]])
+    soft = -sum(t * math.log(p) for t, p in zip(target, softmax([a / T for a in z[0]])))
+    got = lsd_loss(torch.tensor(z), torch.tensor(z_g), torch.tensor(y), beta, T)
+    assert got.item() == pytest.approx((1 - beta) * ce + beta * soft, rel=1e-6)
+
+
+def test_ntd_removes_the_true_class_before_the_softmax():
+    logits = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
+    assert drop_true_class(logits, torch.tensor([1, 0])).tolist() == [[1.0, 3.0], [5.0, 6.0]]
+    z, z_g, y = torch.tensor([[0.5, 9.0, -1.0]]), torch.tensor([[2.0, -3.0, 0.0]]), torch.tensor([1])
+    # by hand: not-true logits z = (0.5, -1), z_g = (2, 0); KL(p_g || p), tau = 1
+    p, p_g = softmax([0.5, -1.0]), softmax([2.0, 0.0])
+    expected = sum(a * math.log(a / b) for a, b in zip(p_g, p))
+    assert not_true_kl(z, z_g, y, 1.0).item() == pytest.approx(expected, rel=1e-5)  # float32
+    # the student's true-class logit does not matter
+    z2 = z.clone()
+    z2[0, 1] = -50.0
+    assert torch.isclose(not_true_kl(z2, z_g, y, 1.0), not_true_kl(z, z_g, y, 1.0))
+
+
+def test_gkd_term_is_tau_squared_kl_to_the_teacher():
+    z, z_t, tau = [[1.0, 0.0]], [[0.0, 2.0]], 2.0
+    p_t, p = softmax([0.0, 1.0]), softmax([0.5, 0.0])
+    expected = tau ** 2 * sum(a * math.log(a / b) for a, b in zip(p_t, p))
+    assert gkd_term(torch.tensor(z), torch.tensor(z_t), tau).item() == pytest.approx(expected)
