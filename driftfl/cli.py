@@ -2,6 +2,7 @@
 
     driftfl run [hydra overrides]       one experiment in local Ray simulation
     driftfl run -m [sweep overrides]    a Hydra multirun: one run directory per job
+    driftfl report DIR...               tables and plots over many runs
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ commands:
   run -m [overrides]  sweep (Hydra multirun), e.g. driftfl run -m strategy=fedavg,fedprox seed=0,1,2
   run --help          every setting and config group (Hydra's help)
   run --cfg job       print the composed config without running it
+  report DIR...       mean ± std tables and accuracy plots over many runs, e.g.
+                      driftfl report multirun/2026-11-22/10-00-00 --target fedavg
 """
 
 
@@ -64,9 +67,13 @@ def main(argv: list[str] | None = None) -> None:
     command, args = argv[0], argv[1:]
     if command == "run":
         run(args)
+    elif command == "report":
+        from driftfl.report import main as report
+
+        report(args)
     else:
-        print(f"driftfl: unknown command '{command}'; valid: run\n\n{USAGE}", file=sys.stderr,
-              end="")
+        print(f"driftfl: unknown command '{command}'; valid: report, run\n\n{USAGE}",
+              file=sys.stderr, end="")
         raise SystemExit(2)
 
 

@@ -1,0 +1,42 @@
+"""`driftfl report` over run directories: grouping, mean +- std, rounds to a target."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from driftfl.report import main as report
+
+
+def write_run(folder, label, accuracies, completed=True, seconds=2.0):
+    folder.mkdir(parents=True)
+    (folder / "config.yaml").write_text(yaml.safe_dump({"label": label, "seed": 0}))
+    rounds = [{"round": i, "test_accuracy": a, "seconds": seconds, "clients": 2,
+               "bytes_sent": 2 * 2**20, "bytes_received": 2**20} for i, a in enumerate(accuracies)]
+    (folder / "metrics.json").write_text(json.dumps({"rounds": rounds}))
+    if completed:
+        (folder / "summary.json").write_text(json.dumps({"status": "completed"}))
+
+
+def test_report_groups_runs_and_races_to_the_target(tmp_path, capsys):
+    write_run(tmp_path / "a0", "fedavg", [0.1, 0.5, 0.6])
+    write_run(tmp_path / "a1", "fedavg", [0.1, 0.6, 0.8])  # fedavg's mean final: 0.70
+    write_run(tmp_path / "b0", "fedcsd", [0.1, 0.7, 0.9])  # reaches 0.70 in round 1
+    write_run(tmp_path / "b1", "fedcsd", [0.1, 0.4, 0.75])  # ... in round 2
+    write_run(tmp_path / "c0", "broken", [0.1], completed=False)
+    report([str(tmp_path), "--target", "fedavg"])
+    out = capsys.readouterr().out
+    assert "| fedavg | 2 | 2 | 70.00 ± 14.14 | 70.00 ± 14.14 | 2.0 (1 of 2) | 2.0 | 1.00, 0.50 |" in out
+    assert "| fedcsd | 2 | 2 | 82.50 ± 10.61 | 82.50 ± 10.61 | 1.5 | 2.0 | 1.00, 0.50 |" in out
+    assert "rounds to 70.00%" in out and "1 run(s) did not complete" in out
+    for name in ("report.md", "report.csv", "report.png"):
+        assert (tmp_path / name).is_file()
+
+
+def test_report_without_runs_says_so(tmp_path):
+    with pytest.raises(SystemExit, match="no completed run"):
+        report([str(tmp_path)])
+    with pytest.raises(SystemExit, match="no such directory"):
+        report([str(tmp_path / "nope")])
