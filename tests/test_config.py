@@ -64,8 +64,8 @@ def test_required_settings_must_be_given():
      r"classes_per_client must be in 1..10, got 0"),
     ("num_clients=200 dataset.subset=100", "num_clients=200 is more than the 100 training"),
     ("dataset.subset=0", "dataset.subset must be a positive whole number"),
-    ("strategy.name=fedfoo", "unknown strategy 'fedfoo'; valid: fedavg, fedavgm, fedcsd, fedgkd"),
-    ("strategy.objective=kd", "unknown objective 'kd'; valid: ce, csd, gkd, lsd, ntd, prox"),
+    ("strategy.name=fedfoo", "unknown strategy 'fedfoo'; valid: fedavg, fedavgm, fedcad, fedcsd"),
+    ("strategy.objective=kd", "unknown objective 'kd'; valid: cad, ce, csd, gkd, lsd, ntd, prox, ssd"),
     ("strategy=fedprox strategy.mu=-1", r"strategy.mu must be a number in \[0.0, inf\]"),
     ("strategy=fedavgm strategy.server_momentum=1.0",
      r"server_momentum must be a number in \[0.0, 1.0\)"),
@@ -76,6 +76,12 @@ def test_required_settings_must_be_given():
     ("strategy=fedgkd strategy.buffer_size=0", "strategy.buffer_size must be a whole number >= 1"),
     ("strategy.objective=csd", "objective 'csd' needs prototypes, teacher from the server, which "
                                "strategy 'fedavg' does not send"),
+    ("strategy=fedssd strategy.aux_per_class=0", "strategy.aux_per_class must be a whole number >= 1"),
+    ("strategy=fedssd strategy.aux_per_class=7000", "wants 7000 samples of class 0, which has only"),
+    ("strategy=fedssd strategy.psi=cube", "unknown strategy.psi 'cube'; valid: identity, sqrt"),
+    ("strategy=fedssd strategy.distill_loss=l1", "unknown strategy.distill_loss 'l1'"),
+    ("strategy=fedcad strategy.gamma_min=0.6", r"gamma_max \(0.5\) must be >= strategy.gamma_min"),
+    ("strategy=fedcad strategy.alpha_source=test", "unknown strategy.alpha_source 'test'"),
     ("model.name=vgg", "unknown model 'vgg'; valid: cnn, lenet5, mlp, resnet18"),
     ("dataset.name=imagenet", "unknown dataset 'imagenet'; valid: cifar10, cifar100, emnist, fmnist"),
 ])

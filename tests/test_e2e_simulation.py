@@ -8,6 +8,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import yaml
@@ -68,7 +69,8 @@ def test_driftfl_run_trains_and_writes_the_run_directory(tmp_path, fmnist_availa
     model.load_state_dict(torch.load(run_dir / "model.pt"))  # the final model loads back
 
 
-STRATEGIES = ["fedavg", "fedprox", "fedavgm", "fednova", "fedcsd", "fedlsd", "fedntd", "fedgkd"]
+STRATEGIES = ["fedavg", "fedprox", "fedavgm", "fednova", "fedcsd", "fedlsd", "fedntd", "fedgkd",
+              "fedssd", "fedcad"]
 
 
 def test_sweep_runs_every_strategy_in_its_own_directory(tmp_path, fmnist_available):
@@ -93,6 +95,17 @@ def test_sweep_runs_every_strategy_in_its_own_directory(tmp_path, fmnist_availab
     assert csd[1]["mask_filter_rate"] > csd[-1]["mask_filter_rate"]  # the teacher improves
     assert csd[1]["bytes_sent"] > 2.9 * avg[1]["bytes_sent"]  # teacher in query and train
     assert "teacher_accuracy" in rows["fedgkd"][2] and "mask_filter_rate" not in avg[1]
+
+    # FedSSD: the credibility matrix of every round is kept; FedCAD: alpha per class
+    assert all(0 < r["credibility_diag_mean"] <= 1 for r in rows["fedssd"][1:])
+    with np.load(jobs["fedssd"] / "credibility.npz") as matrices:
+        assert sorted(matrices.files) == ["round_1", "round_2"]
+        assert np.allclose(matrices["round_2"].sum(axis=1), 1.0)
+    held = json.loads((jobs["fedssd"] / "partition.json").read_text())["server_holdout"]
+    assert held["label_histogram"] == [64] * 10
+    for row in rows["fedcad"][1:]:
+        known = [a for a in row["class_alpha"] if a is not None]
+        assert known and all(0.25 <= a <= 0.5 for a in known)
 
 
 def test_plain_flwr_run_reads_the_same_conf_tree(tmp_path, fmnist_available):

@@ -19,7 +19,7 @@ from driftfl.common import loaders
 from driftfl.common.config import to_json
 from driftfl.common.datasets import load_dataset, to_tensors
 from driftfl.common.errors import ConfigError
-from driftfl.common.partition import partition
+from driftfl.common.partition import holdout_indices, partition
 from driftfl.common.protocol import DatasetMeta
 
 
@@ -55,7 +55,10 @@ def _partition_data(experiment_json: str, meta_json: str, partition_id: int,
     if not 0 <= partition_id < num_partitions:
         raise ConfigError(f"partition-id {partition_id} is outside 0..{num_partitions - 1}")
     data = load_dataset(experiment.dataset)
-    indices = partition(data.train_y, experiment.partition, num_partitions, int(experiment.seed))
+    seed = int(experiment.seed)
+    holdout = holdout_indices(data.train_y, meta.holdout_per_class, seed) \
+        if meta.holdout_per_class else None
+    indices = partition(data.train_y, experiment.partition, num_partitions, seed, holdout)
     mine = indices[partition_id]
     x, y = to_tensors(data.train_x[mine], data.train_y[mine], meta.mean, meta.std)
     return LocalData(x, y, partition_id,

@@ -94,19 +94,40 @@ def compute_partition(labels: np.ndarray, spec: Mapping, num_clients: int,
         raise ConfigError(f"partition '{spec['name']}' failed: {err}") from err
 
 
-def _cache_key(labels: np.ndarray, spec: Mapping, num_clients: int, seed: int) -> str:
+def holdout_indices(labels: np.ndarray, per_class: int, seed: int) -> np.ndarray:
+    """``per_class`` samples of every class, drawn by ``seed``, that the server keeps and no
+    client ever receives (FedSSD's auxiliary set); sorted indices into ``labels``."""
+    rng = np.random.default_rng([seed, 7])  # a stream of its own, apart from the partitioner's
+    chosen = []
+    for c in np.unique(labels):
+        members = np.flatnonzero(labels == c)
+        if len(members) <= per_class:
+            raise ConfigError(f"the server's auxiliary set wants {per_class} samples of class {c}, "
+                              f"which has only {len(members)}; lower strategy.aux_per_class")
+        chosen.append(rng.choice(members, size=per_class, replace=False))
+    return np.sort(np.concatenate(chosen)) if chosen else np.zeros(0, dtype=np.int64)
+
+
+def _cache_key(labels: np.ndarray, spec: Mapping, num_clients: int, seed: int,
+               holdout: np.ndarray) -> str:
     digest = hashlib.sha256(np.ascontiguousarray(labels).tobytes())
+    digest.update(np.ascontiguousarray(holdout, dtype=np.int64).tobytes())
     digest.update(json.dumps([dict(spec), num_clients, seed], sort_keys=True).encode())
     return f"{spec['name']}-{num_clients}-{digest.hexdigest()[:20]}"
 
 
-def partition(labels: np.ndarray, spec: Mapping, num_clients: int, seed: int) -> list[np.ndarray]:
-    """Indices into ``labels`` for each client, read from or written to the disk cache."""
-    path = cache_dir() / "partitions" / f"{_cache_key(labels, spec, num_clients, seed)}.npz"
+def partition(labels: np.ndarray, spec: Mapping, num_clients: int, seed: int,
+              holdout: np.ndarray | None = None) -> list[np.ndarray]:
+    """Indices into ``labels`` for each client, read from or written to the disk cache. Samples
+    in ``holdout`` (the server's) are left out before partitioning."""
+    holdout = np.zeros(0, dtype=np.int64) if holdout is None else np.asarray(holdout)
+    key = _cache_key(labels, spec, num_clients, seed, holdout)
+    path = cache_dir() / "partitions" / f"{key}.npz"
     if path.is_file():
         with np.load(path) as cached:
             return [cached[f"client{i}"] for i in range(num_clients)]
-    parts = compute_partition(labels, spec, num_clients, seed)
+    pool = np.setdiff1d(np.arange(len(labels)), holdout)
+    parts = [pool[p] for p in compute_partition(labels[pool], spec, num_clients, seed)]
     path.parent.mkdir(parents=True, exist_ok=True)
     # Write then rename: clients starting together never read a half-written file.
     fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".npz")

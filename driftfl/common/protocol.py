@@ -43,22 +43,29 @@ LABEL_HISTOGRAM = "label-histogram"
 TEACHER = "teacher"  # a teacher model's arrays (FedCSD's EMA teacher, FedGKD's buffer mean)
 PROTOTYPES = "prototypes"  # FedCSD's global class prototypes: arrays "prototypes" (C, C)
 
+CREDIBILITY = "credibility"  # FedSSD: arrays "matrix" (C, C), the global model's row-normalised
+#                               confusion on the server's auxiliary set
+CLASS_PHI = "class-phi"  # FedCAD with alpha_source=aux: arrays "phi" (C,), E_{x|y}[phi] on it
+
 # FedCSD's prototype phase: query "query.csd_prototypes" carries the teacher; the reply's
 # "prototypes" record holds "prototypes" (C, C) mean teacher logits per class and "counts" (C,)
 CSD_PROTOTYPES = "csd_prototypes"
 
 # the local objectives a client can run, by the name the ``method`` key carries, and the
 # knowledge records each needs from the server
-OBJECTIVES = ("ce", "prox", "csd", "lsd", "ntd", "gkd")
-OBJECTIVE_NEEDS = {"csd": {TEACHER, PROTOTYPES}, "gkd": {TEACHER}}
+OBJECTIVES = ("ce", "prox", "csd", "lsd", "ntd", "gkd", "ssd", "cad")
+OBJECTIVE_NEEDS = {"csd": {TEACHER, PROTOTYPES}, "gkd": {TEACHER}, "ssd": {CREDIBILITY}}
 
 
 @dataclass(frozen=True)
 class DatasetMeta:
+    """The dataset as this federation uses it: what a node needs to read its data alike."""
+
     classes: list[str]
     shape: list[int]  # (C, H, W)
     mean: list[float]
     std: list[float]
+    holdout_per_class: int = 0  # training samples per class the server keeps (FedSSD's D_aux)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))

@@ -60,7 +60,7 @@ def run_experiment(grid: Grid, experiment: Experiment, run_dir: Path, run_id: in
     np.random.seed(int(cfg.seed))
     recorder = RunRecorder(run_dir, cfg, run_id)
     model = experiment.initial_model()
-    strategy = build_strategy(cfg, model)
+    strategy = build_strategy(cfg, model, experiment.auxiliary_set(model))
     metered = MeteredGrid(grid)
     job = ConfigRecord({EXPERIMENT: to_json(cfg), DATASET_META: experiment.meta.to_json()})
 
@@ -70,9 +70,15 @@ def run_experiment(grid: Grid, experiment: Experiment, run_dir: Path, run_id: in
     title = (f"{cfg.strategy.name} on {cfg.dataset.name}, {describe(cfg.partition)}, "
              f"{len(clients)} clients, {cfg.model.name}")
     print(console.partition_table(clients, list(experiment.data.classes), title), flush=True)
+    holdout = experiment.data.train_y[experiment.holdout]
     recorder.partition({"dataset": cfg.dataset.name, "partition": dict(cfg.partition),
                         "seed": int(cfg.seed), "classes": list(experiment.data.classes),
-                        "clients": clients})
+                        "clients": clients,
+                        "server_holdout": {"per_class": experiment.holdout_per_class,
+                                           "indices": experiment.holdout.tolist(),
+                                           "label_histogram": np.bincount(
+                                               holdout, minlength=experiment.data.num_classes
+                                           ).tolist()}})
 
     evaluator = RoundEvaluator(experiment, copy.deepcopy(model), strategy, metered, recorder)
     result = strategy.start(grid=metered, initial_arrays=model_to_arrays(model),
@@ -155,6 +161,7 @@ class RoundEvaluator:
             for k, v in {**report.train_metrics, **report.evaluate_metrics}.items():
                 row[k.replace("-", "_")] = v
             row.update(self.strategy.server_metrics(self.accuracy_of))
+            self.recorder.add_arrays(server_round, self.strategy.round_arrays())
         row["per_class_accuracy"] = per_class
         self.recorder.add_round(row)
         print(console.round_line(row, int(self.cfg.rounds)), flush=True)

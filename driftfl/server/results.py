@@ -12,6 +12,7 @@ import time
 from importlib import metadata
 from pathlib import Path
 
+import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
@@ -71,6 +72,7 @@ class RunRecorder:
         self.dir = Path(run_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.rows: list[dict] = []
+        self.arrays: dict[str, dict[str, np.ndarray]] = {}  # name -> {"round_<r>": array}
         self.started = time.time()
         OmegaConf.save(cfg, self.dir / "config.yaml")
         meta = {"versions": versions(), "git_revision": git_revision(), "flower_run_id": run_id,
@@ -94,11 +96,39 @@ class RunRecorder:
             writer.writerows(flat)
         self._write_json("metrics.json", {"rounds": self.rows})
 
+    def add_arrays(self, server_round: int, arrays: dict[str, np.ndarray]) -> None:
+        """Per-round arrays (FedSSD's credibility matrix, ...) -> <name>.npz, key round_<r>."""
+        for name, value in arrays.items():
+            self.arrays.setdefault(name, {})[f"round_{server_round}"] = np.asarray(value)
+            np.savez_compressed(self.dir / f"{name}.npz", **self.arrays[name])
+
     def finish(self, model: torch.nn.Module, summary: dict, title: str) -> None:
         torch.save(model.state_dict(), self.dir / "model.pt")
         self._write_json("metrics.json", {"rounds": self.rows, "summary": summary})
         self._write_json("summary.json", summary)
         plot_accuracy(self.rows, self.dir / "accuracy.png", title)
+        for name, by_round in self.arrays.items():
+            plot_heatmaps(by_round, self.dir / f"{name}.png", name)
+
+
+def plot_heatmaps(by_round: dict[str, np.ndarray], path: Path, name: str) -> None:
+    """The first and the last round's matrix side by side (all rounds are in <name>.npz)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    keys = sorted(by_round, key=lambda k: int(k.split("_")[1]))
+    shown = [keys[0], keys[-1]] if len(keys) > 1 else keys
+    fig, axes = plt.subplots(1, len(shown), figsize=(5 * len(shown), 4.4), squeeze=False)
+    for ax, key in zip(axes[0], shown):
+        image = ax.imshow(by_round[key], vmin=0, vmax=1, cmap="viridis")
+        ax.set(title=f"{name}, round {key.split('_')[1]}", xlabel="predicted class",
+               ylabel="true class")
+        fig.colorbar(image, ax=ax, fraction=0.046)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def plot_accuracy(rows: list[dict], path: Path, title: str) -> None:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from .base import DriftStrategy
 from .fednova import FedNova
-from .registry import STRATEGIES, FedAvg, FedAvgM, FedProx, build_strategy, check_strategy
+from .registry import (STRATEGIES, FedAvg, FedAvgM, FedProx, build_strategy, check_strategy,
+                       server_holdout)
 
 __all__ = ["STRATEGIES", "DriftStrategy", "FedAvg", "FedAvgM", "FedNova", "FedProx",
-           "build_strategy", "check_strategy"]
+           "build_strategy", "check_strategy", "server_holdout"]

@@ -17,7 +17,7 @@ class ClientUpdate:
 
     node_id: int
     arrays: dict[str, np.ndarray]
-    metrics: dict[str, float]
+    metrics: dict[str, float | list[float]]
     message: Message
 
     @property
@@ -46,8 +46,12 @@ def check_reply(msg: Message, reference: dict[str, np.ndarray]) -> ClientUpdate 
         if value.dtype.kind == "f" and not np.isfinite(value).all():
             return f"array '{key}' holds NaN or infinite values"
         arrays[key] = value
-    metrics = {k: float(v) for k, v in content.metric_records[METRICS].items()
-               if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    metrics = {}
+    for key, value in content.metric_records[METRICS].items():
+        if isinstance(value, list):
+            metrics[key] = [float(v) for v in value]
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            metrics[key] = float(value)
     n = metrics.get(NUM_EXAMPLES)
     if n is None or not math.isfinite(n) or n <= 0:
         return f"'{NUM_EXAMPLES}' is missing or not a positive number"
@@ -74,11 +78,22 @@ def weighted_average(updates: list[ClientUpdate], weights: np.ndarray) -> dict[s
     return out
 
 
-def mean_metrics(updates: list[ClientUpdate], weights: np.ndarray) -> dict[str, float]:
-    """Weighted mean of every scalar metric all replies carry (num-examples is summed)."""
-    shared = set.intersection(*(set(u.metrics) for u in updates))
-    out = {k: float(sum(w * u.metrics[k] for w, u in zip(weights, updates)))
-           for k in sorted(shared - {NUM_EXAMPLES})}
+def mean_metrics(updates: list[ClientUpdate], weights: np.ndarray) -> dict:
+    """Weighted mean of every metric all replies carry (num-examples is summed). Lists of one
+    length (a value per class) are averaged per entry, NaN entries (a class a client lacks)
+    left out."""
+    shared = set.intersection(*(set(u.metrics) for u in updates)) - {NUM_EXAMPLES}
+    out: dict = {}
+    for key in sorted(shared):
+        values = [u.metrics[key] for u in updates]
+        if all(isinstance(v, float) for v in values):
+            out[key] = float(np.dot(weights, values))
+        elif all(isinstance(v, list) for v in values) and len({len(v) for v in values}) == 1:
+            table = np.array(values, dtype=np.float64)
+            w = np.where(np.isnan(table), 0.0, weights[:, None])
+            sums = (np.nan_to_num(table) * w).sum(axis=0)
+            totals = w.sum(axis=0)
+            out[key] = np.where(totals > 0, sums / np.maximum(totals, 1e-300), np.nan).tolist()
     out[NUM_EXAMPLES] = float(sum(u.num_examples for u in updates))
     return out
 

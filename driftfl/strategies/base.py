@@ -116,11 +116,21 @@ class DriftStrategy(FedAvg):
         metrics = mean_metrics(updates, example_weights(updates))
         self.report.train_metrics = metrics
         self.last_aggregate = self.aggregate_arrays(updates)
-        return to_record(self.last_aggregate), MetricRecord(metrics)
+        return to_record(self.last_aggregate), MetricRecord(
+            {k: v for k, v in metrics.items() if not isinstance(v, list)})
+
+    @staticmethod
+    def uses_auxiliary_set(params) -> bool:
+        """Whether the server keeps an auxiliary set back from the clients (FedSSD, ...)."""
+        return False
 
     def server_metrics(self, accuracy_of) -> dict[str, float]:
         """Method diagnostics the server measures each round; ``accuracy_of(arrays)`` tests a
         model on the central test set."""
+        return {}
+
+    def round_arrays(self) -> dict[str, "np.ndarray"]:
+        """Arrays the run directory keeps for every round (FedSSD's credibility matrix, ...)."""
         return {}
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]

@@ -11,12 +11,15 @@ from omegaconf import DictConfig
 from torch import nn
 
 from driftfl.common.errors import ConfigError, lookup
-from driftfl.common.protocol import OBJECTIVE_NEEDS, OBJECTIVES
+from driftfl.common.protocol import CLASS_PHI, OBJECTIVE_NEEDS, OBJECTIVES
 
 from .aggregation import to_numpy, to_record
+from .auxiliary import AuxiliarySet
 from .base import DriftStrategy
+from .fedcad import FedCAD
 from .fedcsd import FedCSD
 from .fednova import FedNova
+from .fedssd import FedSSD
 from .teacher import FedGKD
 
 
@@ -79,6 +82,19 @@ def _objective_params(params: DictConfig, objective: str) -> None:
     elif objective == "gkd":
         _number(params, "gamma")
         _number(params, "tau", low_open=True)
+    elif objective == "ssd":
+        _number(params, "lam")
+        lookup("strategy.psi", str(params.get("psi")), dict.fromkeys(("sqrt", "identity")))
+        lookup("strategy.distill_loss", str(params.get("distill_loss")),
+               dict.fromkeys(("selective", "mse", "kl")))
+    elif objective == "cad":
+        low = _number(params, "gamma_min", high=1.0)
+        if _number(params, "gamma_max", high=1.0) < low:
+            raise ConfigError(f"strategy.gamma_max ({params.gamma_max}) must be >= "
+                              f"strategy.gamma_min ({low})")
+        _number(params, "temperature", low_open=True)
+        lookup("strategy.alpha_source", str(params.get("alpha_source")),
+               dict.fromkeys(("local", "aux")))
 
 
 def _fedprox(params, cfg, model):
@@ -110,6 +126,13 @@ def _fedgkd(params, cfg, model):
     return {}, {"buffer_size": size}
 
 
+def _aux_per_class(params) -> int:
+    size = params.get("aux_per_class")
+    if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+        raise ConfigError(f"strategy.aux_per_class must be a whole number >= 1, got {size!r}")
+    return size
+
+
 def _nothing(params, cfg, model):
     return {}, {}
 
@@ -124,7 +147,15 @@ STRATEGIES = {
     "fedlsd": (FedAvg, _nothing),
     "fedntd": (FedAvg, _nothing),
     "fedgkd": (FedGKD, _fedgkd),
+    "fedssd": (FedSSD, _nothing),
+    "fedcad": (FedCAD, _nothing),
 }
+
+
+def server_holdout(cfg: DictConfig) -> int:
+    """Training samples per class the server keeps back from every client (0: none)."""
+    cls, _ = lookup("strategy", cfg.strategy.name, STRATEGIES)
+    return _aux_per_class(cfg.strategy) if cls.uses_auxiliary_set(cfg.strategy) else 0
 
 
 def check_strategy(cfg: DictConfig) -> None:
@@ -132,13 +163,18 @@ def check_strategy(cfg: DictConfig) -> None:
     build_strategy(cfg, None)
 
 
-def build_strategy(cfg: DictConfig, model: nn.Module | None) -> DriftStrategy:
-    """The strategy ``cfg.strategy`` names, configured for this experiment."""
+def build_strategy(cfg: DictConfig, model: nn.Module | None,
+                   auxiliary: AuxiliarySet | None = None) -> DriftStrategy:
+    """The strategy ``cfg.strategy`` names, configured for this experiment; ``auxiliary`` is
+    the server's held-back set, for the strategies that measure the global model on it."""
     params = cfg.strategy
     cls, settings = lookup("strategy", params.name, STRATEGIES)
     objective = str(params.get("objective", "ce"))
     lookup("objective", objective, dict.fromkeys(OBJECTIVES))
-    missing = OBJECTIVE_NEEDS.get(objective, set()) - cls.provides
+    needs = set(OBJECTIVE_NEEDS.get(objective, set()))
+    if objective == "cad" and params.get("alpha_source") == "aux":
+        needs.add(CLASS_PHI)
+    missing = needs - cls.provides
     if missing:
         raise ConfigError(f"objective '{objective}' needs {', '.join(sorted(missing))} from the "
                           f"server, which strategy '{params.name}' does not send")
@@ -158,4 +194,7 @@ def build_strategy(cfg: DictConfig, model: nn.Module | None) -> DriftStrategy:
     strategy.round_timeout = float(cfg.round_timeout)
     for key, value in attributes.items():
         setattr(strategy, key, value)
+    if cls.uses_auxiliary_set(params):
+        server_holdout(cfg)  # checks aux_per_class
+        strategy.auxiliary = auxiliary
     return strategy

@@ -5,11 +5,13 @@ from __future__ import annotations
 from driftfl.common.errors import lookup
 
 from .base import Batch, Objective
+from .cad import CAD
 from .csd import CSD
 from .gkd import GKD
 from .lsd import LSD
 from .ntd import NTD
 from .prox import Prox
+from .ssd import SSD
 
 OBJECTIVES: dict[str, type[Objective]] = {
     "ce": Objective,
@@ -18,6 +20,8 @@ OBJECTIVES: dict[str, type[Objective]] = {
     "lsd": LSD,
     "ntd": NTD,
     "gkd": GKD,
+    "ssd": SSD,
+    "cad": CAD,
 }
 
 
