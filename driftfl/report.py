@@ -4,8 +4,10 @@
 
 Runs are grouped by config keys (``--by``, default ``label``, which experiments set); each group
 gets the mean +- std over its runs (seeds) of the final and best test accuracy, the rounds its
-runs took to first reach the final accuracy of the ``--target`` group, time per round and bytes
-per client per round. Writes report.md, report.csv and report.png beside printing the table.
+runs took to first reach the mean final accuracy of its target group, time per round and bytes
+per client per round. The target group (``--target``, e.g. fedavg) is the one that differs only in
+the last ``--by`` key: with ``--by partition.name,label`` each partition races to its own FedAvg.
+Writes report.md, report.csv and report.png beside printing the table.
 """
 
 from __future__ import annotations
@@ -68,16 +70,16 @@ def summarise(runs: list[Run], by: list[str], target: str | None) -> tuple[list[
     groups: dict[tuple, list[Run]] = {}
     for run in runs:
         groups.setdefault(tuple(str(run.value(k)) for k in by), []).append(run)
-    goal = None
-    if target is not None:
-        reference = [r for key, rs in groups.items() if target in key for r in rs]
-        if reference:
-            goal = statistics.fmean(r.accuracy[-1] for r in reference)
+    def goal_of(key: tuple) -> float | None:
+        reference = groups.get((*key[:-1], target)) if target is not None else None
+        return statistics.fmean(r.accuracy[-1] for r in reference) if reference else None
+
     header = [*by, "runs", "rounds", "final acc (%)", "best acc (%)",
-              f"rounds to {100 * goal:.2f}%" if goal else "rounds to target",
+              f"rounds to {target}'s final acc" if target else "rounds to target",
               "s / round", "MB / client / round (down, up)"]
     rows = []
     for key, members in sorted(groups.items()):
+        goal = goal_of(key)
         reached = [r.rounds_to_reach(goal) for r in members] if goal else []
         hit = [n for n in reached if n is not None]
         trained = [row for r in members for row in r.rounds if row["round"] > 0]

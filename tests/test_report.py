@@ -30,7 +30,7 @@ def test_report_groups_runs_and_races_to_the_target(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "| fedavg | 2 | 2 | 70.00 ± 14.14 | 70.00 ± 14.14 | 2.0 (1 of 2) | 2.0 | 1.00, 0.50 |" in out
     assert "| fedcsd | 2 | 2 | 82.50 ± 10.61 | 82.50 ± 10.61 | 1.5 | 2.0 | 1.00, 0.50 |" in out
-    assert "rounds to 70.00%" in out and "1 run(s) did not complete" in out
+    assert "rounds to fedavg's final acc" in out and "1 run(s) did not complete" in out
     for name in ("report.md", "report.csv", "report.png"):
         assert (tmp_path / name).is_file()
 
@@ -40,3 +40,17 @@ def test_report_without_runs_says_so(tmp_path):
         report([str(tmp_path)])
     with pytest.raises(SystemExit, match="no such directory"):
         report([str(tmp_path / "nope")])
+
+
+def test_each_partition_races_to_its_own_fedavg(tmp_path, capsys):
+    for part, avg, csd in (("dirichlet", [0.1, 0.8], [0.1, 0.85]), ("pathological", [0.1, 0.5],
+                                                                     [0.45, 0.6])):
+        for label, acc in (("fedavg", avg), ("fedcsd", csd)):
+            write_run(tmp_path / f"{part}-{label}", label, acc)
+            path = tmp_path / f"{part}-{label}" / "config.yaml"
+            path.write_text(yaml.safe_dump({"label": label, "partition": {"name": part}}))
+    report([str(tmp_path), "--by", "partition.name,label", "--target", "fedavg"])
+    out = capsys.readouterr().out
+    # pathological fedcsd reaches its FedAvg's 0.5 in round 1, dirichlet's only its 0.8 in 1
+    assert "| pathological | fedcsd | 1 | 1 | 60.00 ± 0.00 | 60.00 ± 0.00 | 1.0 |" in out
+    assert "| dirichlet | fedcsd | 1 | 1 | 85.00 ± 0.00 | 85.00 ± 0.00 | 1.0 |" in out
