@@ -21,4 +21,5 @@ for kind in kl mse; do
   $DRIFTFL run -m "+experiment=[fmnist_label_skew,fedssd_$kind]" partition=pathological $SEEDS \
     hydra.sweep.dir="$OUT/pathological-fedssd-$kind"
 done
-$DRIFTFL report "$OUT" "$CSD/methods" --by partition.name,label --target fedavg --out "$OUT"
+$DRIFTFL report "$OUT" "$CSD/methods" --by partition.name,label --target fedavg --out "$OUT" \
+  --only fedavg,fedlsd,fedcsd,fedssd,fedcad,fedssd-KL,fedssd-MSE

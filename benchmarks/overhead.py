@@ -19,10 +19,7 @@ import argparse
 import json
 import multiprocessing as mp
 import os
-import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -38,6 +35,9 @@ from driftfl.common.datasets import load_dataset, to_tensors  # noqa: E402
 from driftfl.common.evaluation import evaluate  # noqa: E402
 from driftfl.common.models import build_model  # noqa: E402
 from driftfl.common.partition import partition  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _runs import driftfl_rounds, steady  # noqa: E402
 
 _worker: dict = {}
 
@@ -102,22 +102,6 @@ def floor_rounds(cfg, rounds: int, workers: int) -> list[dict]:
             rows.append({"round": server_round, "train_seconds": trained - started,
                          "seconds": done - started, "test_accuracy": accuracy})
     return rows
-
-
-def driftfl_rounds(overrides: list[str]) -> list[dict]:
-    with tempfile.TemporaryDirectory() as tmp:
-        run_dir = Path(tmp) / "run"
-        driftfl = Path(sys.executable).parent / "driftfl"
-        out = subprocess.run([str(driftfl), "run", *overrides, f"hydra.run.dir={run_dir}"],
-                             cwd=tmp, capture_output=True, text=True)
-        if out.returncode:
-            sys.exit(f"driftfl run failed:\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}")
-        rows = json.loads((run_dir / "metrics.json").read_text())["rounds"]
-    return [r for r in rows if r["round"] > 0]
-
-
-def steady(rows: list[dict], key: str) -> float:
-    return statistics.median(r[key] for r in rows[1:])  # skip round 1
 
 
 def main() -> None:

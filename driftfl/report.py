@@ -134,6 +134,9 @@ def main(argv: list[str]) -> None:
                         help="comma-separated config keys to group by (default: label)")
     parser.add_argument("--target", default=None,
                         help="a group whose mean final accuracy the others race to, e.g. fedavg")
+    parser.add_argument("--only", default=None,
+                        help="comma-separated values of the last --by key to keep, e.g. "
+                             "fedavg,fedcsd")
     parser.add_argument("--out", type=Path, default=None,
                         help="where report.md/.csv/.png go (default: the first path)")
     args = parser.parse_args(argv)
@@ -145,6 +148,9 @@ def main(argv: list[str]) -> None:
         sys.exit(f"driftfl report: error: no completed run (metrics.json + summary.json) under "
                  f"{', '.join(str(p) for p in args.paths)}")
     by = [k.strip() for k in args.by.split(",") if k.strip()]
+    if args.only:
+        keep = {v.strip() for v in args.only.split(",")}
+        runs = [r for r in runs if str(r.value(by[-1])) in keep]
     header, rows = summarise(runs, by, args.target)
     table = markdown(header, rows)
     out = args.out or args.paths[0]

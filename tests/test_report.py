@@ -51,6 +51,9 @@ def test_each_partition_races_to_its_own_fedavg(tmp_path, capsys):
             path.write_text(yaml.safe_dump({"label": label, "partition": {"name": part}}))
     report([str(tmp_path), "--by", "partition.name,label", "--target", "fedavg"])
     out = capsys.readouterr().out
+    report([str(tmp_path), "--by", "partition.name,label", "--only", "fedcsd"])
+    only = capsys.readouterr().out
+    assert "fedcsd" in only and "| fedavg |" not in only
     # pathological fedcsd reaches its FedAvg's 0.5 in round 1, dirichlet's only its 0.8 in 1
     assert "| pathological | fedcsd | 1 | 1 | 60.00 ± 0.00 | 60.00 ± 0.00 | 1.0 |" in out
     assert "| dirichlet | fedcsd | 1 | 1 | 85.00 ± 0.00 | 85.00 ± 0.00 | 1.0 |" in out
