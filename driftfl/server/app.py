@@ -147,23 +147,23 @@ class RoundEvaluator:
         load_arrays(self.model, arrays)
         loss, accuracy, per_class = evaluate(self.model, self.x, self.y,
                                              int(self.cfg.eval_batch_size), self.num_classes)
-        now = time.perf_counter()
-        sent, received = self.grid.take()
         report = self.strategy.report if server_round > 0 else None
-        row = {"round": server_round, "test_accuracy": accuracy, "test_loss": loss,
-               "seconds": now - self.round_started,
-               "train_seconds": eval_started - self.round_started if server_round else 0.0,
-               "eval_seconds": now - eval_started,
-               "clients": report.clients if report else 0,
-               "rejected": len(report.rejected) if report else 0,
-               "bytes_sent": sent, "bytes_received": received}
-        if report:  # the clients' metrics: train-loss -> train_loss, ...
+        row = {"round": server_round, "test_accuracy": accuracy, "test_loss": loss}
+        if report:  # the clients' metrics (train-loss -> train_loss, ...), the server's
             for k, v in {**report.train_metrics, **report.evaluate_metrics}.items():
                 row[k.replace("-", "_")] = v
             row.update(self.strategy.server_metrics(self.accuracy_of))
             self.recorder.add_arrays(server_round, self.strategy.round_arrays())
-        row["per_class_accuracy"] = per_class
+        now = time.perf_counter()  # diagnostics above count as evaluation, not training
+        sent, received = self.grid.take()
+        row.update({"seconds": now - self.round_started,
+                    "train_seconds": eval_started - self.round_started if server_round else 0.0,
+                    "eval_seconds": now - eval_started,
+                    "clients": report.clients if report else 0,
+                    "rejected": len(report.rejected) if report else 0,
+                    "bytes_sent": sent, "bytes_received": received,
+                    "per_class_accuracy": per_class})
         self.recorder.add_round(row)
         print(console.round_line(row, int(self.cfg.rounds)), flush=True)
-        self.round_started = time.perf_counter()
+        self.round_started = now
         return MetricRecord({"accuracy": accuracy, "loss": loss})
