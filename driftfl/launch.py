@@ -59,17 +59,27 @@ def _wait_healthy(port: int, process: subprocess.Popen, log: Path, timeout: floa
 
 
 def stop(process: subprocess.Popen, grace: float = 15) -> None:
-    """Stop a process started with start_new_session, and everything in its process group."""
-    if process.poll() is None:
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(grace)
-        except subprocess.TimeoutExpired:
-            pass
+    """Stop a process and everything below it. Flower starts flwr-simulation, and Ray its
+    workers, in sessions of their own, so a process group is not enough: walk the tree."""
+    import psutil
+
     try:
-        os.killpg(process.pid, signal.SIGKILL)  # stragglers (Ray workers) of the group
-    except ProcessLookupError:
-        pass
+        root = psutil.Process(process.pid)
+        tree = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        tree = []
+    for proc in tree:
+        try:
+            proc.terminate()
+        except psutil.NoSuchProcess:
+            pass
+    _, alive = psutil.wait_procs(tree, timeout=grace)
+    for proc in alive:
+        try:
+            proc.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(alive, timeout=grace)
     process.wait()
 
 
@@ -93,8 +103,14 @@ def run_config_arg(overrides: list[str], run_dir: Path) -> str:
     return f"overrides='{encoded}' run-dir='{run_dir}'"
 
 
+def _exit_on_sigterm(signum, frame):
+    raise SystemExit(128 + signum)  # unwinds through `finally`, which stops the SuperLink
+
+
 def launch_simulation(cfg: DictConfig, overrides: list[str], run_dir: Path) -> int:
-    """Run the experiment; 0 when it completed and wrote its results to ``run_dir``."""
+    """Run the experiment; 0 when it completed and wrote its results to ``run_dir``.
+    Ctrl-C or a SIGTERM stops the SuperLink (and the Ray workers under it) too."""
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     run_dir.mkdir(parents=True, exist_ok=True)
     log_path = run_dir / "superlink.log"
     with tempfile.TemporaryDirectory(prefix="driftfl-flower-") as flwr_home:

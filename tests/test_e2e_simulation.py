@@ -136,3 +136,22 @@ def test_plain_flwr_run_reads_the_same_conf_tree(tmp_path, fmnist_available):
     assert_learned(run_dir)
     config = yaml.safe_load((run_dir / "config.yaml").read_text())
     assert config["strategy"] == {"name": "fedprox", "objective": "prox", "mu": 0.01}
+
+
+def test_stopping_driftfl_run_stops_every_process_it_started(tmp_path, fmnist_available):
+    """A SIGTERM to `driftfl run` mid-run leaves no SuperLink, simulation or Ray process."""
+    import psutil
+
+    proc = subprocess.Popen([driftfl_bin(), "run", *QUICK, "rounds=50",
+                             f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    for line in proc.stdout:  # wait until training is under way
+        if line.startswith("round   1/50"):
+            break
+    started = psutil.Process(proc.pid).children(recursive=True)
+    names = " ".join(" ".join(p.cmdline()) for p in started)
+    assert "flower-superlink" in names and "flwr-simulation" in names
+    proc.terminate()
+    assert proc.wait(timeout=120) != 0
+    _, alive = psutil.wait_procs(started, timeout=30)
+    assert not alive, [" ".join(p.cmdline()) for p in alive]
