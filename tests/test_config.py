@@ -70,6 +70,7 @@ def test_required_settings_must_be_given():
     ("strategy=fedavgm strategy.server_momentum=1.0",
      r"server_momentum must be a number in \[0.0, 1.0\)"),
     ("strategy=fedcsd strategy.mask=soft", "unknown strategy.mask 'soft'; valid: adaptive, forcible"),
+    ("strategy=fedcsd strategy.prototypes=never", "unknown strategy.prototypes 'never'"),
     ("strategy=fedcsd strategy.tau=0", r"strategy.tau must be a number in \(0.0, inf\]"),
     ("strategy=fedcsd strategy.alpha=1", r"strategy.alpha must be a number in \[0.0, 1.0\)"),
     ("strategy=fedlsd strategy.beta=1.5", r"strategy.beta must be a number in \[0.0, 1.0\]"),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -132,3 +133,29 @@ def test_gkd_term_is_tau_squared_kl_to_the_teacher():
     p_t, p = softmax([0.0, 1.0]), softmax([0.5, 0.0])
     expected = tau ** 2 * sum(a * math.log(a / b) for a, b in zip(p_t, p))
     assert gkd_term(torch.tensor(z), torch.tensor(z_t), tau).item() == pytest.approx(expected)
+
+
+def test_csd_one_exchange_reply_carries_this_rounds_client_prototypes():
+    from types import SimpleNamespace
+
+    from driftfl.client.objectives.csd import CSD
+    from driftfl.common.protocol import PROTOTYPES as RECORD
+
+    torch.manual_seed(0)
+    teacher = torch.nn.Linear(4, 3)
+    x, y = torch.randn(6, 4), torch.tensor([0, 0, 1, 1, 1, 2])
+    message = SimpleNamespace(content={
+        "teacher": ArrayRecord({k: Array(v.detach().numpy()) for k, v in teacher.state_dict().items()}),
+        RECORD: ArrayRecord({"prototypes": Array(np.zeros((3, 3), np.float32))})})
+    job = SimpleNamespace(message=message, context=Context(run_id=1, node_id=1, node_config={},
+                                                           state=RecordDict(), run_config={}),
+                          model=lambda record: teacher)
+    params = {"mu": 0.001, "tau": 10.0, "similarity": True, "mask": "adaptive",
+              "prototypes": "previous"}
+    objective = CSD(params, job)
+    objective.prepare(torch.nn.Linear(4, 3), x, y)
+    sent = objective.reply_records()[RECORD]
+    expected, counts = class_prototypes(teacher(x).detach(), y, 3)
+    assert np.allclose(sent["prototypes"].numpy(), expected.numpy(), atol=1e-6)
+    assert sent["counts"].numpy().tolist() == counts.tolist() == [2, 3, 1]
+    assert CSD(dict(params, prototypes="exchange"), job).reply_records() == {}

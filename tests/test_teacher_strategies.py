@@ -141,3 +141,24 @@ def test_fedgkd_teacher_is_the_mean_of_the_last_m_global_models(server_task):
                                              ConfigRecord(), grid))
     assert messages[0].content[TEACHER]["w"].numpy()[0] == np.mean([3.0, 4.0, 5.0])
     assert mean_of([{"c": np.array(1)}, {"c": np.array(7)}])["c"] == 7  # counters: newest
+
+
+def test_fedcsd_one_exchange_reuses_the_previous_rounds_prototypes(server_task):
+    strategy, weights = csd_strategy("strategy.prototypes=previous", clients=2)
+    grid = Grid([1, 2], [])
+    arrays = ArrayRecord({k: Array(v) for k, v in weights.items()})
+    messages = list(strategy.configure_train(1, arrays, ConfigRecord(), grid))
+    assert grid.sent == []  # no prototype phase
+    assert len(messages) == 2
+    assert not messages[0].content[PROTOTYPES]["prototypes"].numpy().any()  # round 1: zeros
+
+    replies = []
+    for node, protos, counts in ((1, np.eye(3), [3, 0, 1]), (2, 3 * np.eye(3), [1, 1, 0])):
+        reply = train_reply(node, weights)
+        reply.content[PROTOTYPES] = prototype_reply(node, protos, counts).content[PROTOTYPES]
+        replies.append(reply)
+    strategy.aggregate_train(1, replies)
+    messages = list(strategy.configure_train(2, arrays, ConfigRecord(), grid))
+    p_g = messages[0].content[PROTOTYPES]["prototypes"].numpy()
+    assert np.allclose(p_g, [[2, 0, 0], [0, 3, 0], [0, 0, 1]])  # from round 1's train replies
+    assert grid.sent == []

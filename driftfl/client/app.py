@@ -48,7 +48,8 @@ def train(msg: Message, context: Context) -> Message:
                             TRAIN_LOSS: stats.mean_loss,
                             "logit-shift": logit_shift(global_logits, model, probe_x),
                             **objective.diagnostics()})
-    return Message(RecordDict({ARRAYS: model_to_arrays(model), METRICS: metrics}), reply_to=msg)
+    return Message(RecordDict({ARRAYS: model_to_arrays(model), METRICS: metrics,
+                               **objective.reply_records()}), reply_to=msg)
 
 
 @app.evaluate()

@@ -55,6 +55,7 @@ class DriftStrategy(FedAvg):
         self.report = RoundReport()
         self.global_arrays: dict[str, np.ndarray] = {}  # the model sent this round
         self.last_aggregate: dict[str, np.ndarray] = {}  # what aggregate_arrays made of it
+        self.last_updates: list[ClientUpdate] = []  # the replies that passed the checks
 
     # -- which clients train -------------------------------------------------------------
     def sample(self, server_round: int, grid: Grid) -> list[int]:
@@ -100,6 +101,7 @@ class DriftStrategy(FedAvg):
             else:
                 updates.append(checked)
         self.report = RoundReport(clients=len(updates), rejected=rejected)
+        self.last_updates = updates
         return updates
 
     def aggregate_arrays(self, updates: list[ClientUpdate]) -> dict[str, np.ndarray]:

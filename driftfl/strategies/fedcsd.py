@@ -5,6 +5,9 @@
    clients that hold class c, uniformly over clients (Eq. 7); a class nobody holds: a zero row.
 2. Train phase, for the nodes that answered: global model, teacher and P_G.
 3. After FedAvg: teacher <- alpha * teacher + (1 - alpha) * global (alpha = 0: the last global).
+With prototypes=previous (ALGORITHMS.md's allowed one-exchange option) there is no step 1: the
+train message carries the previous round's P_G (zero rows in round 1) and the train replies bring
+the P_k for the next round.
 """
 
 from __future__ import annotations
@@ -54,13 +57,12 @@ def global_prototypes(replies: list[tuple[np.ndarray, np.ndarray]],
 class FedCSD(EMATeacher):
     provides = frozenset({TEACHER, PROTOTYPES})
     num_classes = 0  # set by build_strategy from the model's head
+    one_exchange = False  # prototypes=previous
 
-    def before_train(self, server_round, nodes, config: ConfigRecord, grid):
-        teacher = to_record(self.teacher)
-        query = [Message(RecordDict({TEACHER: teacher, CONFIG: config}), dst_node_id=node,
-                         message_type=f"{MessageType.QUERY}.{CSD_PROTOTYPES}") for node in nodes]
+    def gather(self, replies) -> tuple[list[int], np.ndarray]:
+        """The nodes whose prototypes are usable, and P_G from them."""
         answered, usable = [], []
-        for reply in grid.send_and_receive(query, timeout=self.round_timeout):
+        for reply in replies:
             checked = check_prototypes(reply, self.num_classes)
             if isinstance(checked, str):
                 log(WARNING, "prototype reply from node %s rejected: %s",
@@ -68,8 +70,28 @@ class FedCSD(EMATeacher):
             else:
                 answered.append(reply.metadata.src_node_id)
                 usable.append(checked)
-        self.prototypes = global_prototypes(usable, self.num_classes)
+        return answered, global_prototypes(usable, self.num_classes)
+
+    def before_train(self, server_round, nodes, config: ConfigRecord, grid):
+        if self.one_exchange:
+            if server_round == 1:
+                self.prototypes = np.zeros((self.num_classes, self.num_classes), np.float32)
+            return nodes
+        teacher = to_record(self.teacher)
+        query = [Message(RecordDict({TEACHER: teacher, CONFIG: config}), dst_node_id=node,
+                         message_type=f"{MessageType.QUERY}.{CSD_PROTOTYPES}") for node in nodes]
+        answered, self.prototypes = self.gather(
+            grid.send_and_receive(query, timeout=self.round_timeout))
         return [node for node in nodes if node in set(answered)]
+
+    def aggregate_train(self, server_round, replies):
+        replies = list(replies)
+        arrays, metrics = super().aggregate_train(server_round, replies)
+        if self.one_exchange:  # the P_k of the train replies make the next round's P_G
+            accepted = {u.node_id for u in self.last_updates}
+            _, self.prototypes = self.gather(
+                [r for r in replies if r.metadata.src_node_id in accepted])
+        return arrays, metrics
 
     def knowledge(self, server_round: int) -> dict:
         return {**super().knowledge(server_round),

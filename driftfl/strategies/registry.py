@@ -115,8 +115,11 @@ def _fedcsd(params, cfg, model):
     if not isinstance(params.get("tma"), bool):
         raise ConfigError(f"strategy.tma must be true or false, got {params.get('tma')!r}")
     alpha = _number(params, "alpha", high=1.0, high_open=True) if params.tma else 0.0
+    lookup("strategy.prototypes", str(params.get("prototypes")),
+           dict.fromkeys(("exchange", "previous")))
     classes = model.head.out_features if model is not None else 0
-    return {}, {"alpha": alpha, "num_classes": classes}
+    return {}, {"alpha": alpha, "num_classes": classes,
+                "one_exchange": params.prototypes == "previous"}
 
 
 def _fedgkd(params, cfg, model):

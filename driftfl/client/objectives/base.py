@@ -51,3 +51,7 @@ class Objective:
 
     def diagnostics(self) -> dict[str, float]:
         return {}
+
+    def reply_records(self) -> dict:
+        """Further named records for the train reply (statistics the server aggregates)."""
+        return {}

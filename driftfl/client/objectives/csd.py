@@ -8,6 +8,8 @@ For a sample (x, y) with local logits z and frozen teacher logits z_t:
 The prototype phase runs the teacher over all local data before training; the client keeps those
 logits in its state and reuses them in the train phase when the train message carries the same
 teacher (checked by digest), so the round needs a single teacher forward pass.
+With prototypes=previous (one exchange a round) there is no prototype phase: the train message
+carries the previous round's P_G and the reply this round's P_k, from the same teacher logits.
 """
 
 from __future__ import annotations
@@ -103,6 +105,7 @@ class CSD(Distillation):
         super().prepare(model, x, y)
         self.prototypes = torch.from_numpy(np.array(
             self.job.message.content[PROTOTYPES]["prototypes"].numpy())).to(x.device)
+        self.labels = y
         kept = csd_mask(self.teacher_logits, y, self.mask)
         self.filter_rate = float(1 - kept.mean()) if len(kept) else 0.0
 
@@ -116,6 +119,17 @@ class CSD(Distillation):
         return {"mask-filter-rate": self.filter_rate,
                 "teacher-logits-reused": float(self.reused_logits)}
 
+    def reply_records(self) -> dict:
+        if self.params.get("prototypes") != "previous":
+            return {}
+        return {PROTOTYPES: prototype_record(*class_prototypes(
+            self.teacher_logits, self.labels, self.prototypes.shape[0]))}
+
+
+def prototype_record(prototypes: torch.Tensor, counts: torch.Tensor) -> ArrayRecord:
+    return ArrayRecord({"prototypes": Array(prototypes.cpu().numpy().astype(np.float32)),
+                        "counts": Array(counts.cpu().numpy().astype(np.int64))})
+
 
 def prototype_reply(job) -> tuple[ArrayRecord, int]:
     """The prototype phase on a client: teacher logits on all local data -> per-class means.
@@ -124,6 +138,4 @@ def prototype_reply(job) -> tuple[ArrayRecord, int]:
     x, y = job.tensors()
     logits = logits_of(job.model(TEACHER), x)
     remember_teacher_logits(job.context, teacher, logits)
-    prototypes, counts = class_prototypes(logits, y, job.num_classes)
-    return ArrayRecord({"prototypes": Array(prototypes.cpu().numpy().astype(np.float32)),
-                        "counts": Array(counts.cpu().numpy().astype(np.int64))}), len(y)
+    return prototype_record(*class_prototypes(logits, y, job.num_classes)), len(y)
