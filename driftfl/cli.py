@@ -36,6 +36,9 @@ def _run_job(cfg) -> None:
     run_dir = Path(hydra.runtime.output_dir)
     try:
         experiment = prepare_experiment(experiment_only(cfg), make_partition=True)
+        if experiment.cfg.device == "cuda" and not experiment.cfg.simulation.client_gpus:
+            raise ConfigError("device=cuda needs a GPU share per simulated client, e.g. "
+                              "simulation.client_gpus=0.5 (two clients per GPU at a time)")
         code = launch_simulation(experiment.cfg, list(hydra.overrides.task), run_dir)
     except ConfigError as err:
         print(f"driftfl: error: {err}", file=sys.stderr)
