@@ -34,12 +34,14 @@ def git_revision() -> str:
 
 
 def versions() -> dict[str, str]:
+    import driftfl
+
     found = {"python": platform.python_version()}
     for name in PACKAGES:
         try:
             found[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            found[name] = "not installed"
+        except metadata.PackageNotFoundError:  # driftfl runs from a source tree or app bundle
+            found[name] = driftfl.__version__ if name == "driftfl" else "not installed"
     return found
 
 
