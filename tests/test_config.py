@@ -128,3 +128,28 @@ def test_experiment_only_drops_hydra_and_resolves():
 
     cfg = experiment_only(OmegaConf.create({"a": 1, "b": "${a}", "hydra": {"x": 1}}))
     assert cfg == {"a": 1, "b": 1}
+
+
+ABLATIONS = {  # paper Table III and IV: (similarity, mask, TMA)
+    "fedcsd_base": (False, "off", False), "fedcsd_m1": (True, "adaptive", False),
+    "fedcsd_m2": (True, "off", True), "fedcsd_m3": (False, "adaptive", True),
+    "fedcsd_forcible": (True, "forcible", True)}
+
+
+@pytest.mark.parametrize("name", sorted(ABLATIONS))
+def test_fedcsd_ablation_rows_are_one_override_away(name, fmnist_available):
+    cfg = compose([f"+experiment={name}", "dataset.subset=500"])
+    assert (cfg.strategy.similarity, cfg.strategy.mask, cfg.strategy.tma) == ABLATIONS[name]
+    assert cfg.label.startswith("fedcsd-") and cfg.strategy.name == "fedcsd"
+    prepare_experiment(cfg)
+
+
+def test_every_ready_experiment_composes_and_passes_the_checks(fmnist_available):
+    from conftest import REPO
+
+    for path in sorted((REPO / "conf" / "experiment").glob("*.yaml")):
+        cfg = compose([f"+experiment=[fmnist_label_skew,{path.stem}]", "dataset.subset=2000"])
+        prepare_experiment(cfg)
+    cfg = compose(["+experiment=[fmnist_label_skew,fedssd_kl]"])
+    assert cfg.label == "fedssd-KL" and cfg.strategy.distill_loss == "kl"
+    assert (cfg.model.name, cfg.rounds, cfg.local_epochs, cfg.lr) == ("lenet5", 20, 5, 0.01)
