@@ -102,6 +102,15 @@ def test_logits_of_restores_training_mode():
     assert model.training
 
 
+def test_logits_of_batches_in_order_like_one_forward_pass():
+    model = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.BatchNorm1d(3)).eval()
+    x = torch.randn(300, 2)  # more than one CPU batch, the last one partial
+    with torch.no_grad():
+        expected = model(x)
+    assert torch.allclose(logits_of(model, x), expected, atol=1e-6)
+    assert torch.allclose(logits_of(model, x, batch_size=7), expected, atol=1e-6)
+
+
 # --- FedLSD, FedNTD, FedGKD ---------------------------------------------------------------------
 
 def test_lsd_is_a_beta_mix_of_cross_entropy_and_soft_cross_entropy_without_t_squared():
