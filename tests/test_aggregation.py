@@ -59,6 +59,18 @@ def test_fedavg_weights_by_examples_and_keeps_integer_counters_from_the_first_cl
     assert metrics["loss"] == pytest.approx(2.5) and metrics[NUM_EXAMPLES] == 40
 
 
+def test_replies_are_used_in_node_order_not_arrival_order():
+    # floating-point sums depend on the order; arrival order would make same-seed runs differ
+    strategy = started(FedAvg())
+    strategy.node_rank = {30: 0, 10: 1, 20: 2}  # node id -> partition id
+    arrivals = [reply(20, [1.0, 2.0], n=5, count=2), reply(10, [3.0, 1.0], n=7, count=1),
+                reply(30, [0.5, 0.1], n=3, count=0), reply(99, [2.0, 2.0], n=1, count=3)]
+    assert [u.node_id for u in strategy.accept(arrivals)] == [30, 10, 20, 99]
+    first, second = aggregate(strategy, arrivals), aggregate(strategy, arrivals[::-1])
+    assert first[0]["count"] == 0 == second[0]["count"]  # the counter of partition 0's node
+    assert first[0]["w"].tobytes() == second[0]["w"].tobytes()
+
+
 @pytest.mark.parametrize("bad, reason", [
     (lambda: reply(9, [np.nan, 0.0], n=10), "NaN or infinite"),
     (lambda: reply(9, [1.0, 2.0, 3.0], n=10), r"float32\[3\], expected float32\[2\]"),

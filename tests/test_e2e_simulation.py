@@ -69,6 +69,21 @@ def test_driftfl_run_trains_and_writes_the_run_directory(tmp_path, fmnist_availa
     model.load_state_dict(torch.load(run_dir / "model.pt"))  # the final model loads back
 
 
+def test_the_same_seed_trains_the_same_model(tmp_path, fmnist_available):
+    """Clients finish in any order; the server averages in node order, so reruns agree."""
+    models = []
+    for attempt in ("first", "second"):
+        run_dir = tmp_path / attempt
+        out = subprocess.run([driftfl_bin(), "run", "strategy=fedcsd", *QUICK, "seed=5",
+                              f"hydra.run.dir={run_dir}"],
+                             cwd=tmp_path, capture_output=True, text=True, timeout=600)
+        assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+        models.append((run_dir / "model.pt").read_bytes())
+        rows = read_rounds(run_dir)
+    assert models[0] == models[1]
+    assert rows[-1]["test_accuracy"] > rows[0]["test_accuracy"]
+
+
 STRATEGIES = ["fedavg", "fedprox", "fedavgm", "fednova", "fedcsd", "fedlsd", "fedntd", "fedgkd",
               "fedssd", "fedcad"]
 

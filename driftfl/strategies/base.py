@@ -60,12 +60,20 @@ class DriftStrategy(FedAvg):
     # -- which clients train -------------------------------------------------------------
     def sample(self, server_round: int, grid: Grid) -> list[int]:
         """round(fraction * nodes) clients (at least min_train_nodes), fixed by seed and round."""
-        nodes = wait_for_nodes(grid, self.min_available_nodes)
-        nodes.sort(key=lambda n: (self.node_rank.get(n, math.inf), n))
+        nodes = sorted(wait_for_nodes(grid, self.min_available_nodes), key=self.rank)
         k = max(self.min_train_nodes, math.floor(len(nodes) * self.fraction_train + 1e-9))
         rng = np.random.default_rng([self.seed, server_round])
         chosen = sorted(rng.choice(len(nodes), size=min(k, len(nodes)), replace=False))
         return [nodes[i] for i in chosen]
+
+    def rank(self, node: int) -> tuple[float, int]:
+        """A node's place in every ordering: its partition id, then its node id."""
+        return self.node_rank.get(node, math.inf), node
+
+    def in_node_order(self, replies: Iterable[Message]) -> list[Message]:
+        """Replies sorted by node, not by arrival: sums in floating point depend on the order,
+        and arrival order would make runs with the same seed differ."""
+        return sorted(replies, key=lambda msg: self.rank(msg.metadata.src_node_id))
 
     # -- what they receive ---------------------------------------------------------------
     def before_train(self, server_round: int, nodes: list[int], config: ConfigRecord,
@@ -92,7 +100,7 @@ class DriftStrategy(FedAvg):
     def accept(self, replies: Iterable[Message]) -> list[ClientUpdate]:
         """The replies that pass every check; the rest are logged and counted, never used."""
         updates, rejected = [], []
-        for msg in replies:
+        for msg in self.in_node_order(replies):
             checked = check_reply(msg, self.global_arrays)
             if isinstance(checked, str):
                 node = msg.metadata.src_node_id

@@ -62,7 +62,7 @@ class FedCSD(EMATeacher):
     def gather(self, replies) -> tuple[list[int], np.ndarray]:
         """The nodes whose prototypes are usable, and P_G from them."""
         answered, usable = [], []
-        for reply in replies:
+        for reply in self.in_node_order(replies):
             checked = check_prototypes(reply, self.num_classes)
             if isinstance(checked, str):
                 log(WARNING, "prototype reply from node %s rejected: %s",
