@@ -14,4 +14,4 @@ for row in base m1 m2 m3 forcible; do
   $DRIFTFL run -m "+experiment=[fmnist_label_skew,fedcsd_$row]" "${SETTING[@]}" \
     hydra.sweep.dir="$OUT/fedcsd-$row"
 done
-$DRIFTFL report "$OUT" --target fedavg
+$DRIFTFL report "$OUT" --target fedavg --metrics logit_shift,mask_filter_rate,teacher_accuracy

@@ -22,4 +22,5 @@ for kind in kl mse; do
     hydra.sweep.dir="$OUT/pathological-fedssd-$kind"
 done
 $DRIFTFL report "$OUT" "$CSD/methods" --by partition.name,label --target fedavg --out "$OUT" \
-  --only fedavg,fedlsd,fedcsd,fedssd,fedcad,fedssd-KL,fedssd-MSE
+  --only fedavg,fedlsd,fedcsd,fedssd,fedcad,fedssd-KL,fedssd-MSE \
+  --metrics logit_shift,credibility_diag_mean

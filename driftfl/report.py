@@ -5,7 +5,8 @@
 Runs are grouped by config keys (``--by``, default ``label``, which experiments set); each group
 gets the mean +- std over its runs (seeds) of the final and best test accuracy, the rounds its
 runs took to first reach the mean final accuracy of its target group, time per round and bytes
-per client per round. The target group (``--target``, e.g. fedavg) is the one that differs only in
+per client per round; ``--metrics`` adds the mean over trained rounds and runs of any per-round
+diagnostic (logit_shift, mask_filter_rate, teacher_accuracy, ...). The target group (``--target``, e.g. fedavg) is the one that differs only in
 the last ``--by`` key: with ``--by partition.name,label`` each partition races to its own FedAvg.
 Writes report.md, report.csv and report.png beside printing the table.
 """
@@ -66,7 +67,15 @@ def _mean_std(values: list[float], scale: float = 100.0) -> str:
     return f"{mean:.2f} ± {std:.2f}"
 
 
-def summarise(runs: list[Run], by: list[str], target: str | None) -> tuple[list[str], list[list]]:
+def round_mean(members: list[Run], metric: str) -> str:
+    """Mean of a per-round diagnostic over the trained rounds of the runs that record it."""
+    values = [row[metric] for r in members for row in r.rounds
+              if row["round"] > 0 and isinstance(row.get(metric), (int, float))]
+    return f"{statistics.fmean(values):.3f}" if values else "-"
+
+
+def summarise(runs: list[Run], by: list[str], target: str | None,
+              metrics: tuple[str, ...] = ()) -> tuple[list[str], list[list]]:
     groups: dict[tuple, list[Run]] = {}
     for run in runs:
         groups.setdefault(tuple(str(run.value(k)) for k in by), []).append(run)
@@ -76,7 +85,7 @@ def summarise(runs: list[Run], by: list[str], target: str | None) -> tuple[list[
 
     header = [*by, "runs", "rounds", "final acc (%)", "best acc (%)",
               f"rounds to {target}'s final acc" if target else "rounds to target",
-              "s / round", "MB / client / round (down, up)"]
+              "s / round", "MB / client / round (down, up)", *(f"mean {m}" for m in metrics)]
     rows = []
     for key, members in sorted(groups.items()):
         goal = goal_of(key)
@@ -92,7 +101,8 @@ def summarise(runs: list[Run], by: list[str], target: str | None) -> tuple[list[
                                                         else f" ({len(hit)} of {len(members)})"))
                      if hit else ("never" if goal else "-"),
                      f"{statistics.fmean(row['seconds'] for row in trained):.1f}",
-                     f"{down / 2**20:.2f}, {up / 2**20:.2f}"])
+                     f"{down / 2**20:.2f}, {up / 2**20:.2f}",
+                     *(round_mean(members, m) for m in metrics)])
     return header, rows
 
 
@@ -137,6 +147,9 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--only", default=None,
                         help="comma-separated values of the last --by key to keep, e.g. "
                              "fedavg,fedcsd")
+    parser.add_argument("--metrics", default="",
+                        help="comma-separated per-round diagnostics to average, e.g. "
+                             "logit_shift,mask_filter_rate")
     parser.add_argument("--out", type=Path, default=None,
                         help="where report.md/.csv/.png go (default: the first path)")
     args = parser.parse_args(argv)
@@ -151,7 +164,13 @@ def main(argv: list[str]) -> None:
     if args.only:
         keep = {v.strip() for v in args.only.split(",")}
         runs = [r for r in runs if str(r.value(by[-1])) in keep]
-    header, rows = summarise(runs, by, args.target)
+    metrics = tuple(m.strip() for m in args.metrics.split(",") if m.strip())
+    recorded = {k for r in runs for row in r.rounds for k, v in row.items()
+                if isinstance(v, (int, float))}
+    if unknown := [m for m in metrics if m not in recorded]:
+        sys.exit(f"driftfl report: error: no run records {', '.join(unknown)}; the runs record "
+                 f"{', '.join(sorted(recorded))}")
+    header, rows = summarise(runs, by, args.target, metrics)
     table = markdown(header, rows)
     out = args.out or args.paths[0]
     out.mkdir(parents=True, exist_ok=True)

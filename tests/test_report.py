@@ -57,3 +57,19 @@ def test_each_partition_races_to_its_own_fedavg(tmp_path, capsys):
     # pathological fedcsd reaches its FedAvg's 0.5 in round 1, dirichlet's only its 0.8 in 1
     assert "| pathological | fedcsd | 1 | 1 | 60.00 ± 0.00 | 60.00 ± 0.00 | 1.0 |" in out
     assert "| dirichlet | fedcsd | 1 | 1 | 85.00 ± 0.00 | 85.00 ± 0.00 | 1.0 |" in out
+
+
+def test_report_averages_a_diagnostic_over_trained_rounds(tmp_path, capsys):
+    write_run(tmp_path / "a", "fedavg", [0.1, 0.5, 0.6])
+    write_run(tmp_path / "b", "fedcsd", [0.1, 0.7, 0.9])
+    metrics = json.loads((tmp_path / "b" / "metrics.json").read_text())
+    for row, shift in zip(metrics["rounds"], [None, 0.5, 0.25]):
+        if shift is not None:  # round 0 trains nothing and records no shift
+            row["logit_shift"] = shift
+    (tmp_path / "b" / "metrics.json").write_text(json.dumps(metrics))
+    report([str(tmp_path), "--metrics", "logit_shift"])
+    out = capsys.readouterr().out
+    assert "| mean logit_shift |" in out
+    assert out.count("| 0.375 |") == 1 and "| 1.00, 0.50 | - |" in out  # fedavg has none
+    with pytest.raises(SystemExit, match="no run records mask_rate; the runs record .*logit_shift"):
+        report([str(tmp_path), "--metrics", "mask_rate"])
