@@ -123,13 +123,16 @@ def plot(runs: list[Run], by: list[str], path: Path) -> None:
     for run in runs:
         groups.setdefault(" / ".join(str(run.value(k)) for k in by), []).append(run.accuracy)
     fig, ax = plt.subplots(figsize=(8, 5))
-    for name, curves in sorted(groups.items()):
+    for i, (name, curves) in enumerate(sorted(groups.items())):
         length = min(len(c) for c in curves)
         acc = 100 * np.array([c[:length] for c in curves])
         mean, std = acc.mean(axis=0), acc.std(axis=0)
-        ax.plot(range(length), mean, label=f"{name} (n={len(curves)})")
+        # ten colours, then the same colours dashed, so that no two groups look alike
+        ax.plot(range(length), mean, label=f"{name} (n={len(curves)})",
+                linestyle=("-", "--", ":")[i // 10 % 3])
         ax.fill_between(range(length), mean - std, mean + std, alpha=0.15)
     ax.set(xlabel="round", ylabel="test accuracy (%)", title="mean ± std over runs")
+    ax.xaxis.get_major_locator().set_params(integer=True)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
