@@ -3,7 +3,7 @@
 # 10 clients all taking part, 20 rounds x 5 local epochs, seeds 0-2): FedSSD, FedCAD and the FedSSD
 # KL/MSE ablation beside FedAvg, FedLSD and FedCSD, on Dirichlet(0.1) and #C=2. The Dirichlet(0.1)
 # runs of FedAvg, FedLSD and FedCSD are those of benchmarks/fedcsd_table.sh (same settings, same
-# seeds), so pass its output directory to reuse them. 33 runs; about 3.5 hours on 2 cores.
+# seeds), so pass its output directory to reuse them. 33 runs; about 2.7 hours on 2 cores.
 #   bash benchmarks/fedssd_table.sh [output dir] [fedcsd table dir]
 set -euo pipefail
 cd "$(dirname "$0")/.."
