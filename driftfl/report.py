@@ -6,9 +6,9 @@ Runs are grouped by config keys (``--by``, default ``label``, which experiments 
 gets the mean +- std over its runs (seeds) of the final and best test accuracy, the rounds its
 runs took to first reach the mean final accuracy of its target group, time per round and bytes
 per client per round; ``--metrics`` adds the mean over trained rounds and runs of any per-round
-diagnostic (logit_shift, mask_filter_rate, teacher_accuracy, ...). The target group (``--target``, e.g. fedavg) is the one that differs only in
-the last ``--by`` key: with ``--by partition.name,label`` each partition races to its own FedAvg.
-Writes report.md, report.csv and report.png beside printing the table.
+diagnostic (logit_shift, mask_filter_rate, teacher_accuracy, ...). The target group
+(``--target``, e.g. fedavg) is the one that differs only in the last ``--by`` key: with
+``--by partition.name,label`` each partition races to its own FedAvg. Writes report.md, report.csv and report.png beside printing the table.
 """
 
 from __future__ import annotations
@@ -67,10 +67,9 @@ def _mean_std(values: list[float], scale: float = 100.0) -> str:
     return f"{mean:.2f} ± {std:.2f}"
 
 
-def round_mean(members: list[Run], metric: str) -> str:
-    """Mean of a per-round diagnostic over the trained rounds of the runs that record it."""
-    values = [row[metric] for r in members for row in r.rounds
-              if row["round"] > 0 and isinstance(row.get(metric), (int, float))]
+def round_mean(trained: list[dict], metric: str) -> str:
+    """Mean of a per-round diagnostic over the trained rounds that record it."""
+    values = [row[metric] for row in trained if isinstance(row.get(metric), (int, float))]
     return f"{statistics.fmean(values):.3f}" if values else "-"
 
 
@@ -102,7 +101,7 @@ def summarise(runs: list[Run], by: list[str], target: str | None,
                      if hit else ("never" if goal else "-"),
                      f"{statistics.fmean(row['seconds'] for row in trained):.1f}",
                      f"{down / 2**20:.2f}, {up / 2**20:.2f}",
-                     *(round_mean(members, m) for m in metrics)])
+                     *(round_mean(trained, m) for m in metrics)])
     return header, rows
 
 
