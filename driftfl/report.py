@@ -8,7 +8,8 @@ runs took to first reach the mean final accuracy of its target group, time per r
 per client per round; ``--metrics`` adds the mean over trained rounds and runs of any per-round
 diagnostic (logit_shift, mask_filter_rate, teacher_accuracy, ...). The target group
 (``--target``, e.g. fedavg) is the one that differs only in the last ``--by`` key: with
-``--by partition.name,label`` each partition races to its own FedAvg. Writes report.md, report.csv and report.png beside printing the table.
+``--by partition.name,label`` each partition races to its own FedAvg. Writes report.md,
+report.csv and report.png beside printing the table.
 """
 
 from __future__ import annotations
