@@ -21,7 +21,8 @@ def logits_of(model: nn.Module, x: torch.Tensor, batch_size: int | None = None) 
     """``model``'s logits on all of ``x`` in eval mode; the model's mode is restored after."""
     if batch_size is None:
         # On a CPU, big batches make the convolutions memory-bound: one core runs the FedAvg
-        # CNN's forward pass over 6,000 images in 2.5 s at batch 128 and 3.3 s at batch 1024.
+        # CNN's forward pass over 6,000 images in 2.4 s at batch 128 and 3.4 s at batch 1024
+        # (benchmarks/teacher_pass.py).
         batch_size = 1024 if x.is_cuda else 128
     was_training = model.training
     model.eval()
