@@ -7,13 +7,12 @@ One line per run, then one per (partition, method) with the mean ± std over its
 
 from __future__ import annotations
 
-import json
 import statistics
 import sys
 from collections import defaultdict
 from pathlib import Path
 
-import yaml
+from driftfl.report import find_runs, mean_std
 
 FIGURES = ("round 10", "last 5", "worst of last 10", "largest swing")
 
@@ -24,26 +23,21 @@ def curve_figures(acc: list[float]) -> tuple[float, ...]:
             max(abs(b - a) for a, b in zip(acc[1:], acc[2:])))
 
 
-def mean_std(values: list[float]) -> str:
-    std = statistics.stdev(values) if len(values) > 1 else 0.0
-    return f"{statistics.fmean(values):6.2f} ± {std:4.2f}"
-
-
 def main(roots: list[str]) -> None:
     groups: dict[tuple[str, str], list[tuple[float, ...]]] = defaultdict(list)
-    for metrics in sorted(p for root in roots for p in Path(root).rglob("metrics.json")):
-        acc = [100 * r["test_accuracy"] for r in json.loads(metrics.read_text())["rounds"]]
-        if len(acc) < 11:
+    runs, _ = find_runs([Path(root) for root in roots])  # completed runs only
+    for run in runs:
+        if len(run.accuracy) < 11:
             continue  # fewer than 10 trained rounds: nothing to say about the curve's tail
-        cfg = yaml.safe_load((metrics.parent / "config.yaml").read_text())
-        figures = curve_figures(acc)
-        groups[cfg["partition"]["name"], cfg["label"]].append(figures)
-        print(f"{cfg['partition']['name']:<12} {cfg['label']:<16} seed {cfg['seed']}  "
-              + "  ".join(f"{name} {value:6.2f}" for name, value in zip(FIGURES, figures)))
+        partition, label = run.value("partition.name"), run.value("label")
+        figures = curve_figures(run.accuracy)
+        groups[partition, label].append(figures)
+        print(f"{partition:<12} {label:<16} seed {run.value('seed')}  "
+              + "  ".join(f"{name} {100 * value:6.2f}" for name, value in zip(FIGURES, figures)))
     print("\nmean ± std over seeds")
-    for (partition, label), runs in sorted(groups.items()):
-        columns = [mean_std([run[i] for run in runs]) for i in range(len(FIGURES))]
-        print(f"{partition:<12} {label:<16} {len(runs)} runs  "
+    for (partition, label), group in sorted(groups.items()):
+        columns = [mean_std([run[i] for run in group]) for i in range(len(FIGURES))]
+        print(f"{partition:<12} {label:<16} {len(group)} runs  "
               + "  ".join(f"{name} {column}" for name, column in zip(FIGURES, columns)))
 
 

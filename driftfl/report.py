@@ -60,7 +60,7 @@ def find_runs(paths: list[Path]) -> tuple[list[Run], list[Path]]:
     return runs, unfinished
 
 
-def _mean_std(values: list[float], scale: float = 100.0) -> str:
+def mean_std(values: list[float], scale: float = 100.0) -> str:
     if not values:
         return "-"
     mean = statistics.fmean(values) * scale
@@ -95,8 +95,8 @@ def summarise(runs: list[Run], by: list[str], target: str | None,
         down = statistics.fmean(row["bytes_sent"] / max(row["clients"], 1) for row in trained)
         up = statistics.fmean(row["bytes_received"] / max(row["clients"], 1) for row in trained)
         rows.append([*key, len(members), max(len(r.rounds) - 1 for r in members),
-                     _mean_std([r.accuracy[-1] for r in members]),
-                     _mean_std([max(r.accuracy) for r in members]),
+                     mean_std([r.accuracy[-1] for r in members]),
+                     mean_std([max(r.accuracy) for r in members]),
                      (f"{statistics.fmean(hit):.1f}" + ("" if len(hit) == len(members)
                                                         else f" ({len(hit)} of {len(members)})"))
                      if hit else ("never" if goal else "-"),
