@@ -1,0 +1,93 @@
+"""Train every method once with a fixed seed and print the SHA-256 of each final model.pt.
+
+Run it on two checkouts (before and after a change that must not alter training) and compare:
+
+    .venv/bin/python benchmarks/same_model_bytes.py --checkout /tmp/before --out before.json
+    .venv/bin/python benchmarks/same_model_bytes.py --out after.json --compare before.json
+
+Each case is a real `driftfl run` (local simulation, 4 clients, 3 of them sampled per round,
+3 rounds, the MLP on 2,000 Fashion-MNIST images) started from the checkout's own source tree,
+so the code under test is the checkout's, whatever the environment has installed. Exit 1 when
+a compared case differs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+QUICK = ["model=mlp", "dataset.subset=2000", "dataset.test_subset=500", "num_clients=4",
+         "fraction=0.75", "rounds=3", "seed=3"]
+
+# One case per method, plus the variants that take other code paths.
+CASES = {
+    "fedavg": ["strategy=fedavg"],
+    "fedprox": ["strategy=fedprox"],
+    "fedavgm": ["strategy=fedavgm"],
+    "fednova": ["strategy=fednova"],
+    "fedcsd": ["strategy=fedcsd"],
+    "fedcsd-previous": ["strategy=fedcsd", "strategy.prototypes=previous"],
+    "fedcsd-base": ["+experiment=fedcsd_base"],
+    "fedcsd-forcible": ["+experiment=fedcsd_forcible"],
+    "fedlsd": ["strategy=fedlsd"],
+    "fedntd": ["strategy=fedntd"],
+    "fedgkd": ["strategy=fedgkd"],
+    "fedssd": ["strategy=fedssd"],
+    "fedssd-identity": ["strategy=fedssd", "strategy.psi=identity"],
+    "fedssd-mse": ["+experiment=fedssd_mse"],
+    "fedssd-kl": ["+experiment=fedssd_kl"],
+    "fedcad": ["strategy=fedcad"],
+    "fedcad-aux": ["strategy=fedcad", "strategy.alpha_source=aux"],
+}
+
+
+def run_case(checkout: Path, overrides: list[str], run_dir: Path, cache: Path) -> str:
+    env = {**os.environ, "PYTHONPATH": str(checkout), "DRIFTFL_CACHE": str(cache),
+           "DRIFTFL_HOME": str(cache / "home")}
+    out = subprocess.run([sys.executable, "-m", "driftfl.cli", "run", *overrides, *QUICK,
+                          f"hydra.run.dir={run_dir}"], cwd=checkout, env=env,
+                         capture_output=True, text=True, timeout=900)
+    model = run_dir / "model.pt"
+    if out.returncode or not model.is_file():
+        raise SystemExit(f"{' '.join(overrides)} failed:\n{out.stdout[-2000:]}{out.stderr[-2000:]}")
+    return hashlib.sha256(model.read_bytes()).hexdigest()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--checkout", type=Path, default=Path(__file__).resolve().parents[1])
+    parser.add_argument("--out", type=Path, help="write {case: sha256} here")
+    parser.add_argument("--compare", type=Path, help="a file written by --out to compare with")
+    parser.add_argument("--only", help="comma-separated cases (default: all)")
+    args = parser.parse_args()
+    cases = {k: v for k, v in CASES.items() if not args.only or k in args.only.split(",")}
+    expected = json.loads(args.compare.read_text()) if args.compare else {}
+    digests, differ = {}, []
+    with tempfile.TemporaryDirectory(prefix="same-bytes-") as scratch:
+        for name, overrides in cases.items():
+            started = time.perf_counter()
+            digests[name] = run_case(args.checkout.resolve(), overrides, Path(scratch) / name,
+                                     Path(scratch) / "cache")
+            verdict = ""
+            if name in expected:
+                same = expected[name] == digests[name]
+                verdict = "  identical" if same else "  DIFFERS"
+                differ += [] if same else [name]
+            print(f"{name:<18} {digests[name][:16]}  {time.perf_counter() - started:5.1f} s"
+                  f"{verdict}", flush=True)
+    if args.out:
+        args.out.write_text(json.dumps(digests, indent=2) + "\n")
+    if expected:
+        print(f"{len(digests) - len(differ)} of {len(digests)} cases give identical model bytes")
+    return 1 if differ else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
