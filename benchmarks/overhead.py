@@ -16,7 +16,6 @@ phase alone; with the mlp, whose compute is tiny, the difference is driftfl's fi
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing as mp
 import os
 import sys
@@ -30,7 +29,7 @@ import torch.nn.functional as F
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from driftfl.common.config import compose  # noqa: E402
+from driftfl.common.config import ExperimentConfig, compose  # noqa: E402
 from driftfl.common.datasets import load_dataset, to_tensors  # noqa: E402
 from driftfl.common.evaluation import evaluate  # noqa: E402
 from driftfl.common.models import build_model  # noqa: E402
@@ -45,11 +44,9 @@ _worker: dict = {}
 def _init_worker(cfg_json: str) -> None:
     """Each floor worker holds every client's tensors, like a Ray actor serving many nodes."""
     torch.set_num_threads(1)
-    from omegaconf import OmegaConf
-
-    cfg = OmegaConf.create(json.loads(cfg_json))
+    cfg = ExperimentConfig.from_json(cfg_json)
     data = load_dataset(cfg.dataset)
-    parts = partition(data.train_y, cfg.partition, int(cfg.num_clients), int(cfg.seed))
+    parts = partition(data.train_y, cfg.partition, cfg.num_clients, cfg.seed)
     _worker.update(cfg=cfg, shape=data.shape, classes=data.num_classes, clients=[
         to_tensors(data.train_x[p], data.train_y[p], data.mean, data.std) for p in parts])
 
@@ -82,8 +79,7 @@ def floor_rounds(cfg, rounds: int, workers: int) -> list[dict]:
     model = build_model(cfg.model, data.shape, data.num_classes)
     test_x, test_y = to_tensors(data.test_x, data.test_y, data.mean, data.std)
     ctx = mp.get_context("spawn")
-    with ctx.Pool(workers, initializer=_init_worker, initargs=(json.dumps(
-            __import__("omegaconf").OmegaConf.to_container(cfg)),)) as pool:
+    with ctx.Pool(workers, initializer=_init_worker, initargs=(cfg.to_json(),)) as pool:
         rows = []
         for server_round in range(1, rounds + 1):
             started = time.perf_counter()

@@ -20,8 +20,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from omegaconf import DictConfig
-
+from driftfl.common.config import ExperimentConfig
 from driftfl.common.errors import ConfigError
 
 APP_DIR = Path(__file__).resolve().parents[1]  # holds pyproject.toml: the Flower app
@@ -107,7 +106,7 @@ def _exit_on_sigterm(signum, frame):
     raise SystemExit(128 + signum)  # unwinds through `finally`, which stops the SuperLink
 
 
-def launch_simulation(cfg: DictConfig, overrides: list[str], run_dir: Path) -> int:
+def launch_simulation(cfg: ExperimentConfig, overrides: list[str], run_dir: Path) -> int:
     """Run the experiment; 0 when it completed and wrote its results to ``run_dir``.
     Ctrl-C or a SIGTERM stops the SuperLink (and the Ray workers under it) too."""
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
@@ -128,9 +127,9 @@ def launch_simulation(cfg: DictConfig, overrides: list[str], run_dir: Path) -> i
                 start_new_session=True)
         try:
             _wait_healthy(port, superlink, log_path)
-            federation = (f"num_supernodes={int(cfg.num_clients)} "
-                          f"client_resources_num_cpus={int(cfg.simulation.client_cpus)} "
-                          f"client_resources_num_gpus={float(cfg.simulation.client_gpus)}")
+            federation = (f"num_supernodes={cfg.num_clients} "
+                          f"client_resources_num_cpus={cfg.simulation.client_cpus} "
+                          f"client_resources_num_gpus={cfg.simulation.client_gpus}")
             subprocess.run([_tool("flwr"), "run", str(APP_DIR), CONNECTION,
                             "--run-config", run_config_arg(overrides, run_dir),
                             "--federation-config", federation, "--stream"],

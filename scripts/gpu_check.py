@@ -17,25 +17,25 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from flwr.app import Array, ArrayRecord, Context, RecordDict  # noqa: E402
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, RecordDict  # noqa: E402
 
 from driftfl.client.objectives import build_objective  # noqa: E402
 from driftfl.client.objectives.csd import class_prototypes, csd_mask  # noqa: E402
 from driftfl.client.train import TrainSettings, logit_shift, train_locally  # noqa: E402
 from driftfl.common.evaluation import evaluate  # noqa: E402
 from driftfl.common.models import build_model  # noqa: E402
-from driftfl.common.protocol import CLASS_PHI, CREDIBILITY, PROTOTYPES, TEACHER  # noqa: E402
-from driftfl.strategies.auxiliary import AuxiliarySet  # noqa: E402
+from driftfl.common.protocol import (CLASS_PHI, CONFIG, CREDIBILITY, PROTOTYPES,  # noqa: E402
+                                     PROXIMAL_MU, TEACHER)
+from driftfl.strategies.aux_set import AuxSet  # noqa: E402
 
 CLASSES, SHAPE = 4, (1, 8, 8)
 PARAMS = {
     "ce": {}, "prox": {"mu": 0.1},
-    "csd": {"mu": 0.1, "tau": 4.0, "similarity": True, "mask": "adaptive",
-            "prototypes": "exchange"},
+    "csd": {"mu": 0.1, "tau": 4.0, "similarity": True, "mask": "adaptive"},
     "lsd": {"beta": 0.3, "temperature": 2.0}, "ntd": {"beta": 1.0, "tau": 1.0},
     "gkd": {"gamma": 0.2, "tau": 2.0},
     "ssd": {"lam": 0.05, "psi": "sqrt", "distill_loss": "selective"},
-    "cad": {"gamma_min": 0.25, "gamma_max": 0.5, "temperature": 1.0, "alpha_source": "aux"},
+    "cad": {"gamma_min": 0.25, "gamma_max": 0.5, "temperature": 1.0},  # with class-phi: aux
 }
 failures = []
 
@@ -80,6 +80,7 @@ def main() -> None:
         CREDIBILITY: ArrayRecord({"matrix": Array(
             (0.7 * np.eye(CLASSES) + 0.075).astype(np.float32))}),
         CLASS_PHI: ArrayRecord({"phi": Array(np.linspace(-0.5, 0.5, CLASSES).astype(np.float32))}),
+        CONFIG: ConfigRecord({PROXIMAL_MU: PARAMS["prox"]["mu"]}),
     }
     settings = TrainSettings(epochs=2, batch_size=16, lr=0.05, momentum=0.9, weight_decay=1e-4)
 
@@ -125,7 +126,7 @@ def main() -> None:
                                               csd_mask(logits.cuda(), y.cuda(), mode).cpu()))
 
     arrays = {k: v.detach().numpy() for k, v in teacher.state_dict().items()}
-    on = {d: AuxiliarySet(x.to(d), y.to(d), model("mlp", seed=3).to(d), CLASSES)
+    on = {d: AuxSet(x.to(d), y.to(d), model("mlp", seed=3).to(d), CLASSES)
           for d in ("cpu", "cuda")}
     check("auxiliary confusion", np.allclose(on["cpu"].confusion(arrays),
                                              on["cuda"].confusion(arrays)))

@@ -11,7 +11,7 @@ from flwr.app import (Array, ArrayRecord, ConfigRecord, Error, Message, Metadata
                       RecordDict)
 
 from driftfl.common.protocol import ARRAYS, LOCAL_STEPS, METRICS, NUM_EXAMPLES
-from driftfl.strategies import FedAvg, FedAvgM, FedNova
+from driftfl.strategies import FedAvg, FedAvgM, FedNovaAggregation
 from driftfl.strategies.aggregation import (check_reply, example_weights, mean_metrics,
                                             weighted_average)
 from driftfl.strategies.fednova import nova_normaliser
@@ -138,9 +138,8 @@ def test_nova_normaliser_is_the_sum_of_momentum_coefficients():
 
 
 def nova(momentum=0.0):
-    strategy = started(FedNova())
-    strategy.momentum, strategy.param_keys = momentum, frozenset({"w"})
-    return strategy
+    return started(FedAvg(aggregation=FedNovaAggregation(momentum=momentum,
+                                                          param_keys=frozenset({"w"}))))
 
 
 def test_fednova_hand_computed_case():
@@ -152,6 +151,22 @@ def test_fednova_hand_computed_case():
     expected = np.array([1.0, 1.0]) - (gamma @ a) * (gamma @ d)
     assert np.allclose(arrays["w"], expected)
     assert arrays["count"] == 7  # a buffer: averaged (here: counter from the first client)
+
+
+def test_fednova_rejects_replies_without_a_usable_step_count_instead_of_failing():
+    # every reply of the round reports 0 local steps (or none, or inf): each is rejected with
+    # its reason, the global model stays as it was and no strategy state changes
+    strategy = nova()
+    arrays, metrics = aggregate(strategy, [reply(1, [3.0, 1.0], n=10, steps=0),
+                                           reply(2, [1.0, -5.0], n=30, steps=float("inf")),
+                                           reply(3, [1.0, -5.0], n=30)])
+    assert arrays is None and metrics is None
+    assert strategy.report.clients == 0 and len(strategy.report.rejected) == 3
+    assert all("FedNova needs a finite count of at least 1" in r for r in strategy.report.rejected)
+    arrays, _ = aggregate(strategy, [reply(1, [3.0, 1.0], n=10, steps=2),
+                                     reply(2, [1.0, -5.0], n=30, steps=0)])
+    assert np.allclose(arrays["w"], [3.0, 1.0])  # the one usable reply, as FedNova steps it
+    assert strategy.report.clients == 1
 
 
 def test_fednova_equals_fedavg_when_every_client_takes_the_same_steps():

@@ -147,24 +147,31 @@ def test_gkd_term_is_tau_squared_kl_to_the_teacher():
 def test_csd_one_exchange_reply_carries_this_rounds_client_prototypes():
     from types import SimpleNamespace
 
-    from driftfl.client.objectives.csd import CSD
+    from flwr.app import ConfigRecord
+
+    from driftfl.client.objectives import build_objective
+    from driftfl.common.protocol import CONFIG, PROTOTYPES_IN_REPLY
     from driftfl.common.protocol import PROTOTYPES as RECORD
 
     torch.manual_seed(0)
     teacher = torch.nn.Linear(4, 3)
     x, y = torch.randn(6, 4), torch.tensor([0, 0, 1, 1, 1, 2])
-    message = SimpleNamespace(content={
-        "teacher": ArrayRecord({k: Array(v.detach().numpy()) for k, v in teacher.state_dict().items()}),
-        RECORD: ArrayRecord({"prototypes": Array(np.zeros((3, 3), np.float32))})})
-    job = SimpleNamespace(message=message, context=Context(run_id=1, node_id=1, node_config={},
-                                                           state=RecordDict(), run_config={}),
-                          model=lambda record: teacher)
-    params = {"mu": 0.001, "tau": 10.0, "similarity": True, "mask": "adaptive",
-              "prototypes": "previous"}
-    objective = CSD(params, job)
+
+    def job(asks_for_prototypes):  # the train message of a one-exchange round asks for P_k
+        message = SimpleNamespace(content={
+            "teacher": ArrayRecord({k: Array(v.detach().numpy())
+                                    for k, v in teacher.state_dict().items()}),
+            RECORD: ArrayRecord({"prototypes": Array(np.zeros((3, 3), np.float32))}),
+            CONFIG: ConfigRecord({PROTOTYPES_IN_REPLY: True} if asks_for_prototypes else {})})
+        return SimpleNamespace(message=message, model=lambda record: teacher,
+                               context=Context(run_id=1, node_id=1, node_config={},
+                                               state=RecordDict(), run_config={}))
+
+    params = {"mu": 0.001, "tau": 10.0, "similarity": True, "mask": "adaptive"}
+    objective = build_objective("csd", params, job(True))
     objective.prepare(torch.nn.Linear(4, 3), x, y)
     sent = objective.reply_records()[RECORD]
     expected, counts = class_prototypes(teacher(x).detach(), y, 3)
     assert np.allclose(sent["prototypes"].numpy(), expected.numpy(), atol=1e-6)
     assert sent["counts"].numpy().tolist() == counts.tolist() == [2, 3, 1]
-    assert CSD(dict(params, prototypes="exchange"), job).reply_records() == {}
+    assert build_objective("csd", params, job(False)).reply_records() == {}

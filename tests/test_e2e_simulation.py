@@ -15,6 +15,7 @@ import yaml
 
 from conftest import REPO, driftfl_bin
 from driftfl.launch import CONNECTION, _tool, _wait_healthy, flwr_env, free_port, stop
+from driftfl.methods import METHODS
 
 pytestmark = pytest.mark.e2e
 QUICK = ["model=mlp", "dataset.subset=4000", "dataset.test_subset=2000", "num_clients=4",
@@ -84,13 +85,9 @@ def test_the_same_seed_trains_the_same_model(tmp_path, fmnist_available):
     assert rows[-1]["test_accuracy"] > rows[0]["test_accuracy"]
 
 
-STRATEGIES = ["fedavg", "fedprox", "fedavgm", "fednova", "fedcsd", "fedlsd", "fedntd", "fedgkd",
-              "fedssd", "fedcad"]
-
-
-def test_sweep_runs_every_strategy_in_its_own_directory(tmp_path, fmnist_available):
+def test_sweep_runs_every_method_in_its_own_directory(tmp_path, fmnist_available):
     sweep = tmp_path / "sweep"
-    out = subprocess.run([driftfl_bin(), "run", "-m", f"strategy={','.join(STRATEGIES)}",
+    out = subprocess.run([driftfl_bin(), "run", "-m", f"strategy={','.join(METHODS)}",
                           *QUICK, f"hydra.sweep.dir={sweep}"],
                          cwd=tmp_path, capture_output=True, text=True, timeout=1800)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
@@ -98,7 +95,7 @@ def test_sweep_runs_every_strategy_in_its_own_directory(tmp_path, fmnist_availab
     for job in sweep.iterdir():
         if (job / "config.yaml").exists():
             jobs[yaml.safe_load((job / "config.yaml").read_text())["strategy"]["name"]] = job
-    assert sorted(jobs) == sorted(STRATEGIES)
+    assert sorted(jobs) == sorted(METHODS)
     rows = {name: assert_learned(job) for name, job in jobs.items()}
     assert all(r[1]["logit_shift"] > 0 for r in rows.values())  # every client measures it
 
@@ -116,7 +113,7 @@ def test_sweep_runs_every_strategy_in_its_own_directory(tmp_path, fmnist_availab
     with np.load(jobs["fedssd"] / "credibility.npz") as matrices:
         assert sorted(matrices.files) == ["round_1", "round_2"]
         assert np.allclose(matrices["round_2"].sum(axis=1), 1.0)
-    held = json.loads((jobs["fedssd"] / "partition.json").read_text())["server_holdout"]
+    held = json.loads((jobs["fedssd"] / "partition.json").read_text())["aux_set"]
     assert held["label_histogram"] == [64] * 10
     for row in rows["fedcad"][1:]:
         known = [a for a in row["class_alpha"] if a is not None]

@@ -14,9 +14,9 @@ from driftfl.client.objectives.lsd import lsd_loss
 from driftfl.client.objectives.ssd import PSI, ssd_loss, ssd_weights
 from driftfl.client.train import TrainSettings, train_locally
 from driftfl.common.models import build_model
-from driftfl.common.partition import holdout_indices, partition
+from driftfl.common.partition import aux_indices, partition
 from driftfl.strategies.aggregation import mean_metrics
-from driftfl.strategies.auxiliary import AuxiliarySet
+from driftfl.strategies.aux_set import AuxSet
 
 A = torch.tensor([[0.8, 0.2, 0.0],   # class 0: recall 0.8, mistaken for class 1 20 % of the time
                   [0.1, 0.6, 0.3],
@@ -112,23 +112,23 @@ def test_fedcad_with_both_gammas_c_equals_fedlsd_with_beta_c():
     assert torch.allclose(cad_loss(z, z_g, y, alpha, 2.0), lsd_loss(z, z_g, y, 0.3, 2.0))
 
 
-def test_auxiliary_set_is_disjoint_from_every_client():
+def test_aux_set_is_disjoint_from_every_client():
     labels = np.repeat(np.arange(10), 300)
-    held = holdout_indices(labels, 64, seed=0)
+    held = aux_indices(labels, 64, seed=0)
     assert np.bincount(labels[held]).tolist() == [64] * 10
     spec = {"name": "dirichlet", "alpha": 0.1, "min_size": 10, "self_balancing": False}
-    parts = partition(labels, spec, 10, seed=0, holdout=held)
+    parts = partition(labels, spec, 10, seed=0, aux=held)
     given = np.concatenate(parts)
-    assert not set(given) & set(held)  # no client ever holds an auxiliary sample
+    assert not set(given) & set(held)  # no client ever holds a sample of the aux set
     assert len(given) + len(held) == len(labels)  # and nothing else is lost
-    assert not np.array_equal(held, holdout_indices(labels, 64, seed=1))
+    assert not np.array_equal(held, aux_indices(labels, 64, seed=1))
 
 
-def test_auxiliary_set_confusion_and_phi_by_hand():
+def test_aux_set_confusion_and_phi_by_hand():
     model = torch.nn.Linear(2, 2, bias=False)
     x = torch.tensor([[1.0, 0.0], [0.0, 1.0], [2.0, 0.0]])
     y = torch.tensor([0, 0, 1])
-    aux = AuxiliarySet(x, y, model, 2)
+    aux = AuxSet(x, y, model, 2)
     arrays = {"weight": np.eye(2, dtype=np.float32) * math.log(3)}  # logits = log 3 * x
     # class 0: samples predicted 0 and 1 -> row (0.5, 0.5); class 1: predicted 0 -> (1, 0)
     assert np.allclose(aux.confusion(arrays), [[0.5, 0.5], [1.0, 0.0]])
@@ -147,17 +147,18 @@ def test_per_class_metrics_are_averaged_without_the_classes_a_client_lacks():
     assert out["class-alpha"] == pytest.approx([0.45, 0.4])
 
 
-def test_fedssd_sends_the_global_models_credibility_on_the_auxiliary_set(server_task):
+def test_fedssd_sends_the_global_models_credibility_on_the_aux_set(server_task):
     from flwr.app import Array, ArrayRecord, ConfigRecord
 
     from driftfl.common.config import compose
     from driftfl.common.protocol import CREDIBILITY
-    from driftfl.strategies import build_strategy
+    from driftfl.methods import build_strategy, check_experiment
 
     model = torch.nn.Linear(2, 2, bias=False)
-    aux = AuxiliarySet(torch.tensor([[1.0, 0.0], [0.0, 1.0], [2.0, 0.0]]),
+    aux = AuxSet(torch.tensor([[1.0, 0.0], [0.0, 1.0], [2.0, 0.0]]),
                        torch.tensor([0, 0, 1]), model, 2)
-    strategy = build_strategy(compose(["strategy=fedssd", "num_clients=1"]), None, aux)
+    cfg = check_experiment(compose(["strategy=fedssd", "num_clients=1"]))
+    strategy = build_strategy(cfg, None, aux)
 
     class Grid:
         def get_node_ids(self):

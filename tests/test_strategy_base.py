@@ -7,8 +7,9 @@ from flwr.app import ArrayRecord, ConfigRecord
 
 from driftfl.common.config import compose
 from driftfl.common.errors import ConfigError
-from driftfl.common.protocol import ARRAYS, CONFIG, METHOD, SERVER_ROUND
-from driftfl.strategies import FedAvg, build_strategy
+from driftfl.common.protocol import ARRAYS, CONFIG, METHOD, PROXIMAL_MU, SERVER_ROUND
+from driftfl.methods import build_strategy, check_experiment
+from driftfl.strategies import FedAvg, Selection
 from driftfl.strategies.base import wait_for_nodes
 
 
@@ -21,8 +22,8 @@ class FakeGrid:
 
 
 def sampled_partitions(node_ids, seed, server_round, fraction=0.3):
-    strategy = FedAvg(fraction_train=fraction, min_train_nodes=1, min_available_nodes=1)
-    strategy.seed = seed
+    strategy = FedAvg(selection=Selection(seed=seed), fraction_train=fraction, min_train_nodes=1,
+                      min_available_nodes=1)
     strategy.node_rank = {node: rank for rank, node in enumerate(node_ids)}
     chosen = strategy.sample(server_round, FakeGrid(reversed(node_ids)))
     return [strategy.node_rank[n] for n in chosen]
@@ -47,13 +48,14 @@ def test_fraction_of_nodes_with_at_least_one(fraction, nodes, expected):
 
 
 def test_train_messages_carry_model_config_and_objective(server_task):
-    strategy = build_strategy(compose(["strategy=fedprox"]), None)
-    strategy.min_available_nodes = 2
+    cfg = check_experiment(compose(["strategy=fedprox", "strategy.mu=0.3", "num_clients=2"]))
+    strategy = build_strategy(cfg, None)
     messages = list(strategy.configure_train(4, ArrayRecord(), ConfigRecord({"x": 1}),
                                              FakeGrid([5, 6])))
     assert sorted(m.metadata.dst_node_id for m in messages) == [5, 6]
     config = messages[0].content[CONFIG]
     assert config[SERVER_ROUND] == 4 and config[METHOD] == "prox" and config["x"] == 1
+    assert config[PROXIMAL_MU] == 0.3  # strategy.mu, as Flower's FedProx sends it
     assert ARRAYS in messages[0].content.array_records
 
 

@@ -10,8 +10,8 @@ from flwr.app import (Array, ArrayRecord, ConfigRecord, Error, Message, Metadata
 from driftfl.common.config import compose
 from driftfl.common.models import build_model
 from driftfl.common.protocol import (ARRAYS, CONFIG, METRICS, NUM_EXAMPLES, PROTOTYPES,
-                                     TEACHER)
-from driftfl.strategies import build_strategy
+                                     PROTOTYPES_IN_REPLY, TEACHER)
+from driftfl.methods import build_strategy, check_experiment
 from driftfl.strategies.fedcsd import check_prototypes, global_prototypes
 from driftfl.strategies.teacher import ema, mean_of
 
@@ -83,7 +83,7 @@ class Grid:
 
 
 def csd_strategy(*overrides, clients=3):
-    cfg = compose(["strategy=fedcsd", f"num_clients={clients}", *overrides])
+    cfg = check_experiment(compose(["strategy=fedcsd", f"num_clients={clients}", *overrides]))
     model = build_model({"name": "mlp", "hidden": [4]}, (1, 2, 2), 3)
     torch.manual_seed(0)
     return build_strategy(cfg, model), {k: v.detach().numpy().copy()
@@ -126,7 +126,7 @@ def test_fedcsd_teacher_is_an_ema_of_the_global_models_or_the_global_without_tma
 
 
 def test_fedgkd_teacher_is_the_mean_of_the_last_m_global_models(server_task):
-    cfg = compose(["strategy=fedgkd", "strategy.buffer_size=3", "num_clients=1"])
+    cfg = check_experiment(compose(["strategy=fedgkd", "strategy.buffer_size=3", "num_clients=1"]))
     strategy = build_strategy(cfg, None)
     globals_ = [{"w": np.array([float(i)], np.float32)} for i in range(6)]
     grid = Grid([1], [])
@@ -150,6 +150,7 @@ def test_fedcsd_one_exchange_reuses_the_previous_rounds_prototypes(server_task):
     messages = list(strategy.configure_train(1, arrays, ConfigRecord(), grid))
     assert grid.sent == []  # no prototype phase
     assert len(messages) == 2
+    assert messages[0].content[CONFIG][PROTOTYPES_IN_REPLY]  # the replies bring P_k
     assert not messages[0].content[PROTOTYPES]["prototypes"].numpy().any()  # round 1: zeros
 
     replies = []

@@ -8,7 +8,6 @@ import torch.nn.functional as F
 from driftfl.client.objectives import OBJECTIVES, Batch, Objective, build_objective
 from driftfl.client.train import TrainSettings, batches, train_locally
 from driftfl.common.models import build_model
-from driftfl.common.protocol import OBJECTIVES as WIRE_OBJECTIVES
 
 SETTINGS = TrainSettings(epochs=2, batch_size=4, lr=0.1, momentum=0.9, weight_decay=1e-4)
 
@@ -23,8 +22,11 @@ def model(seed=0):
     return build_model({"name": "mlp", "hidden": [8]}, (1, 6, 6), 3)
 
 
-def test_the_client_knows_every_objective_the_wire_names():
-    assert set(OBJECTIVES) == set(WIRE_OBJECTIVES)
+def test_the_client_knows_every_objective_a_method_names():
+    from driftfl.methods import METHODS
+
+    assert {method.objective for method in METHODS.values()} <= set(OBJECTIVES)
+    assert set(OBJECTIVES) == {"ce", "prox", "csd", "lsd", "ntd", "gkd", "ssd", "cad"}
 
 
 def test_batches_cover_every_sample_once_per_epoch():

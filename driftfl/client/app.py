@@ -24,7 +24,7 @@ app = ClientApp()
 
 def _seed(job: ClientJob, purpose: int) -> int:
     """Randomness differs per round, client and purpose, and is fixed by the experiment seed."""
-    key = [int(job.experiment.seed), job.server_round, job.data.partition_id + 1, purpose]
+    key = [job.experiment.seed, job.server_round, job.data.partition_id + 1, purpose]
     return int(np.random.SeedSequence(key).generate_state(1)[0])
 
 
@@ -37,11 +37,11 @@ def train(msg: Message, context: Context) -> Message:
     x, y = job.tensors()
     # a fixed sample of local data on which to measure the logit shift local training causes
     probe = torch.randperm(len(y), generator=torch.Generator().manual_seed(_seed(job, 1)))
-    probe_x = x[probe[: int(exp.logit_shift_samples)].to(x.device)]
+    probe_x = x[probe[: exp.logit_shift_samples].to(x.device)]
     global_logits = logits_of(model, probe_x)
 
-    settings = TrainSettings(int(exp.local_epochs), int(exp.batch_size), float(exp.lr),
-                             float(exp.momentum), float(exp.weight_decay))
+    settings = TrainSettings(exp.local_epochs, exp.batch_size, exp.lr, exp.momentum,
+                             exp.weight_decay)
     stats = train_locally(model, x, y, settings, objective,
                           torch.Generator().manual_seed(_seed(job, 0)))
     metrics = MetricRecord({NUM_EXAMPLES: stats.num_examples, LOCAL_STEPS: stats.steps,
@@ -57,7 +57,7 @@ def evaluate(msg: Message, context: Context) -> Message:
     """The received model on this node's own data."""
     job = ClientJob.from_message(msg, context)
     loss, accuracy, _ = evaluate_model(job.model(ARRAYS), *job.tensors(),
-                                       int(job.experiment.eval_batch_size), job.num_classes)
+                                       job.experiment.eval_batch_size, job.num_classes)
     metrics = MetricRecord({NUM_EXAMPLES: len(job.data), "local-loss": loss,
                             "local-accuracy": accuracy})
     return Message(RecordDict({METRICS: metrics}), reply_to=msg)

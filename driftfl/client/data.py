@@ -16,10 +16,10 @@ import numpy as np
 import torch
 
 from driftfl.common import loaders
-from driftfl.common.config import to_json
-from driftfl.common.datasets import load_dataset, to_tensors
+from driftfl.common.config import ExperimentConfig
+from driftfl.common.datasets import DatasetSettings, load_dataset, to_tensors
 from driftfl.common.errors import ConfigError
-from driftfl.common.partition import holdout_indices, partition
+from driftfl.common.partition import PartitionSettings, aux_indices, partition
 from driftfl.common.protocol import DatasetMeta
 
 
@@ -34,7 +34,8 @@ class LocalData:
         return len(self.y)
 
 
-def local_data(experiment, meta: DatasetMeta, node_config: Mapping) -> LocalData:
+def local_data(experiment: ExperimentConfig | None, meta: DatasetMeta,
+               node_config: Mapping) -> LocalData:
     """This node's training data (cached per process: a Ray actor serves many nodes)."""
     if node_config.get("data-dir"):
         return _own_data(str(node_config["data-dir"]), meta.to_json())
@@ -42,27 +43,23 @@ def local_data(experiment, meta: DatasetMeta, node_config: Mapping) -> LocalData
         if key not in node_config:
             raise ConfigError(f"node config lacks '{key}': start the SuperNode with --node-config "
                               "\"partition-id=<i> num-partitions=<n>\" or \"data-dir=<folder>\"")
-    return _partition_data(to_json(experiment), meta.to_json(),
-                           int(node_config["partition-id"]), int(node_config["num-partitions"]))
+    return _partition_data(experiment.dataset, experiment.partition, experiment.seed,
+                           meta.to_json(), int(node_config["partition-id"]),
+                           int(node_config["num-partitions"]))
 
 
 @lru_cache(maxsize=16)
-def _partition_data(experiment_json: str, meta_json: str, partition_id: int,
-                    num_partitions: int) -> LocalData:
-    from driftfl.common.config import from_json
-
-    experiment, meta = from_json(experiment_json), DatasetMeta.from_json(meta_json)
+def _partition_data(dataset: DatasetSettings, spec: PartitionSettings, seed: int, meta_json: str,
+                    partition_id: int, num_partitions: int) -> LocalData:
+    meta = DatasetMeta.from_json(meta_json)
     if not 0 <= partition_id < num_partitions:
         raise ConfigError(f"partition-id {partition_id} is outside 0..{num_partitions - 1}")
-    data = load_dataset(experiment.dataset)
-    seed = int(experiment.seed)
-    holdout = holdout_indices(data.train_y, meta.holdout_per_class, seed) \
-        if meta.holdout_per_class else None
-    indices = partition(data.train_y, experiment.partition, num_partitions, seed, holdout)
-    mine = indices[partition_id]
+    data = load_dataset(dataset)
+    aux = aux_indices(data.train_y, meta.aux_per_class, seed) if meta.aux_per_class else None
+    mine = partition(data.train_y, spec, num_partitions, seed, aux)[partition_id]
     x, y = to_tensors(data.train_x[mine], data.train_y[mine], meta.mean, meta.std)
     return LocalData(x, y, partition_id,
-                     f"{experiment.dataset.name} partition {partition_id}/{num_partitions}")
+                     f"{dataset.name} partition {partition_id}/{num_partitions}")
 
 
 @lru_cache(maxsize=4)

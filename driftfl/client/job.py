@@ -6,9 +6,8 @@ from dataclasses import dataclass
 
 import torch
 from flwr.app import Context, Message
-from omegaconf import DictConfig
 
-from driftfl.common.config import from_json
+from driftfl.common.config import ExperimentConfig
 from driftfl.common.models import DriftModel, build_model
 from driftfl.common.protocol import CONFIG, DATASET_META, EXPERIMENT, SERVER_ROUND, DatasetMeta, \
     load_arrays
@@ -18,7 +17,7 @@ from .data import LocalData, local_data
 
 @dataclass
 class ClientJob:
-    experiment: DictConfig
+    experiment: ExperimentConfig
     meta: DatasetMeta
     data: LocalData
     message: Message
@@ -27,7 +26,7 @@ class ClientJob:
     @classmethod
     def from_message(cls, msg: Message, context: Context) -> ClientJob:
         config = msg.content[CONFIG]
-        experiment = from_json(str(config[EXPERIMENT]))
+        experiment = ExperimentConfig.from_json(str(config[EXPERIMENT]))
         meta = DatasetMeta.from_json(str(config[DATASET_META]))
         return cls(experiment, meta, local_data(experiment, meta, context.node_config), msg,
                    context)

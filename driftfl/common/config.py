@@ -1,17 +1,95 @@
-"""Compose experiments from the Hydra tree in conf/ and check the settings every run shares."""
+"""An experiment: composed by Hydra from the tree in conf/, checked against ExperimentConfig.
+
+Hydra composes the YAML files (the defaults a user reads and overrides); ExperimentConfig is
+the schema every composed experiment must satisfy. The ``dataset``, ``partition`` and
+``model`` sections are checked here against the schema their ``name`` selects. The
+``strategy``, ``aggregation`` and ``selection`` sections belong to the server's parts: here
+they are open (a name and its settings), and ``driftfl.methods.check_experiment`` checks them.
+"""
 
 from __future__ import annotations
 
 import json
+import re
 import shlex
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any, Literal
 
 from omegaconf import DictConfig, OmegaConf
+from pydantic import ConfigDict, Field, SerializeAsAny
 
+from .datasets import DatasetSettings, dataset_settings
 from .errors import ConfigError
+from .models import ModelSettings, model_settings
+from .partition import PartitionSettings, partition_settings
+from .settings import Settings, unknown_key, validated
 
 # conf/ sits beside the package, in the source tree and in the Flower app bundle alike.
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+
+
+class Section(Settings):
+    """A section whose schema its ``name`` selects, before it is checked against that schema."""
+
+    model_config = ConfigDict(extra="allow")
+    name: str
+
+
+class SimulationSettings(Settings):
+    client_cpus: int = Field(1, ge=1)  # CPU cores (and torch threads) per simulated client
+    client_gpus: float = Field(0.0, ge=0)  # GPU share per simulated client; needs device=cuda
+
+
+class ExperimentConfig(Settings):
+    """One experiment; conf/config.yaml holds the same defaults (a test keeps them equal)."""
+
+    strategy: SerializeAsAny[Section]
+    aggregation: SerializeAsAny[Section]
+    selection: SerializeAsAny[Section]
+    dataset: SerializeAsAny[DatasetSettings]
+    partition: SerializeAsAny[PartitionSettings]
+    model: SerializeAsAny[ModelSettings]
+    num_clients: int = Field(10, ge=1)
+    fraction: float = Field(1.0, gt=0, le=1)
+    fraction_evaluate: float = Field(0.0, ge=0, le=1)
+    rounds: int = Field(5, ge=1)
+    local_epochs: int = Field(1, ge=1)
+    batch_size: int = Field(32, ge=1)
+    lr: float = Field(0.05, gt=0)
+    momentum: float = Field(0.9, ge=0, lt=1)
+    weight_decay: float = Field(0.0, ge=0)
+    seed: int = 0
+    device: Literal["cpu", "cuda"] = "cpu"
+    eval_batch_size: int = Field(1000, ge=1)
+    logit_shift_samples: int = Field(256, ge=0)
+    round_timeout: float = Field(3600.0, gt=0)
+    node_wait: float = Field(600.0, gt=0)
+    simulation: SimulationSettings = SimulationSettings()
+    label: str
+    verbose: bool = False
+
+    def to_json(self) -> str:
+        return self.model_dump_json()
+
+    @classmethod
+    def from_json(cls, text: str) -> ExperimentConfig:
+        return experiment_config(json.loads(text))
+
+
+# the sections checked here, each against the schema its name selects
+SECTIONS: dict[str, Callable[[Mapping], Settings]] = {
+    "dataset": dataset_settings, "partition": partition_settings, "model": model_settings}
+
+
+def experiment_config(data: Mapping[str, Any]) -> ExperimentConfig:
+    """``data`` checked against ExperimentConfig, and the dataset, partition and model sections
+    against the schema each one's name selects; ConfigError names the first problem."""
+    data = dict(data)
+    for key, check in SECTIONS.items():
+        if isinstance(data.get(key), Mapping):
+            data[key] = check(data[key])
+    return validated(ExperimentConfig, data)
 
 
 def conf_dir() -> Path:
@@ -29,8 +107,13 @@ def parse_overrides(text: str) -> list[str]:
     return shlex.split(text)
 
 
-def compose(overrides: list[str]) -> DictConfig:
-    """The experiment config for these Hydra overrides, like `driftfl run` composes it."""
+def compose(overrides: list[str]) -> ExperimentConfig:
+    """The experiment for these Hydra overrides, like `driftfl run` composes it; its server
+    parts are checked by ``driftfl.methods.check_experiment``."""
+    return experiment_config(_composed(overrides))
+
+
+def _composed(overrides: list[str]) -> dict:
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
     from hydra.errors import HydraException
@@ -40,11 +123,30 @@ def compose(overrides: list[str]) -> DictConfig:
         with initialize_config_dir(str(conf_dir()), version_base="1.3"):
             cfg = hydra_compose("config", overrides=overrides)
     except (HydraException, OmegaConfBaseException) as err:
-        raise ConfigError(str(err).strip()) from err
+        raise ConfigError(_unknown_override(str(err), overrides) or str(err).strip()) from err
     return experiment_only(cfg)
 
 
-def experiment_only(cfg: DictConfig) -> DictConfig:
+def _unknown_override(message: str, overrides: list[str]) -> str | None:
+    """Hydra refuses a key the config lacks with advice to add it (`+roundz=3`), which only
+    adds a key nothing reads: name the valid key it most likely meant instead."""
+    found = re.search(r"Could not override '([^']+)'", message)
+    if not found:
+        return None
+    key = found.group(1)
+    rest = [o for o in overrides if o.split("=", 1)[0].lstrip("+~") != key]
+    try:
+        keys = [k for k, _ in _flat(_composed(rest))]
+    except ConfigError:
+        return None
+    section, _, leaf = key.rpartition(".")
+    scope = f"{section}." if section else ""
+    # the keys beside it: a section's settings, or the top level's keys and sections
+    beside = {k[len(scope):].split(".")[0] for k in keys if k.startswith(scope)}
+    return unknown_key(leaf, beside, scope) if beside else None
+
+
+def experiment_only(cfg: DictConfig) -> dict:
     """The experiment without Hydra's own section, with every interpolation resolved."""
     data = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False)
     data.pop("hydra", None)
@@ -52,7 +154,7 @@ def experiment_only(cfg: DictConfig) -> DictConfig:
     if missing:
         raise ConfigError(f"missing required setting(s): {', '.join(missing)}; "
                           f"set them on the command line, e.g. {missing[0]}=...")
-    return OmegaConf.create(data)
+    return data
 
 
 def _flat(data, prefix=""):
@@ -61,54 +163,3 @@ def _flat(data, prefix=""):
             yield from _flat(value, f"{prefix}{key}.")
         else:
             yield f"{prefix}{key}", value
-
-
-def to_json(cfg: DictConfig) -> str:
-    return json.dumps(OmegaConf.to_container(cfg, resolve=True), sort_keys=True)
-
-
-def from_json(text: str) -> DictConfig:
-    return OmegaConf.create(json.loads(text))
-
-
-def _require(ok: bool, message: str) -> None:
-    if not ok:
-        raise ConfigError(message)
-
-
-def check_settings(cfg: DictConfig) -> None:
-    """The shared numeric settings; names (strategy, dataset, ...) are checked where they live."""
-    def number(key, kind=float):
-        value = OmegaConf.select(cfg, key)
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(f"{key} must be a number, got {value!r}")
-        if kind is int and int(value) != value:
-            raise ConfigError(f"{key} must be a whole number, got {value!r}")
-        return value
-
-    _require(number("num_clients", int) >= 1, f"num_clients must be >= 1, got {cfg.num_clients}")
-    _require(0 < number("fraction") <= 1, f"fraction must be in (0, 1], got {cfg.fraction}")
-    _require(number("rounds", int) >= 1, f"rounds must be >= 1, got {cfg.rounds}")
-    _require(number("local_epochs", int) >= 1,
-             f"local_epochs must be >= 1, got {cfg.local_epochs}")
-    _require(number("batch_size", int) >= 1, f"batch_size must be >= 1, got {cfg.batch_size}")
-    _require(number("eval_batch_size", int) >= 1,
-             f"eval_batch_size must be >= 1, got {cfg.eval_batch_size}")
-    _require(number("lr") > 0, f"lr must be > 0, got {cfg.lr}")
-    _require(0 <= number("momentum") < 1, f"momentum must be in [0, 1), got {cfg.momentum}")
-    _require(number("weight_decay") >= 0, f"weight_decay must be >= 0, got {cfg.weight_decay}")
-    number("seed", int)
-    _require(number("simulation.client_cpus", int) >= 1,
-             f"simulation.client_cpus must be >= 1, got {cfg.simulation.client_cpus}")
-    _require(number("simulation.client_gpus") >= 0,
-             f"simulation.client_gpus must be >= 0, got {cfg.simulation.client_gpus}")
-    _require(cfg.device in ("cpu", "cuda"), f"device must be cpu or cuda, got '{cfg.device}'")
-    if cfg.device == "cuda":
-        import torch
-
-        _require(torch.cuda.is_available(),
-                 "device=cuda but PyTorch sees no CUDA GPU here; use device=cpu")
-    for key in ("subset", "test_subset"):
-        value = cfg.dataset.get(key)
-        _require(value is None or (isinstance(value, int) and value >= 1),
-                 f"dataset.{key} must be a positive whole number or null, got {value!r}")

@@ -6,23 +6,51 @@ process holding the full Fashion-MNIST costs 47 MB, not 190.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import torch
+from pydantic import Field
 
 from . import loaders
-from .errors import ConfigError, lookup
+from .errors import ConfigError
 from .paths import data_dir
+from .settings import Settings, section
 
 FMNIST_SYSTEM_DIR = Path("/usr/share/datasets/fashion-mnist")
 FMNIST_CLASSES = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
                   "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot"]
+
+
+class DatasetSettings(Settings):
+    """The ``dataset`` section every dataset takes."""
+
+    name: str
+    root: str | None = None  # None: the dataset's default place
+    download: bool = False  # fetch with torchvision when missing (needs internet)
+    subset: int | None = Field(None, ge=1)  # only the first N training samples
+    test_subset: int | None = Field(None, ge=1)  # only the first N test samples
+
+
+class EmnistSettings(DatasetSettings):
+    split: Literal["balanced", "byclass", "bymerge", "digits", "letters", "mnist"] = "balanced"
+
+
+class OwnDataSettings(DatasetSettings):
+    """A user's own data (a folder of images or an .npz file): ``root`` names it."""
+
+    root: str
+    test_fraction: float = Field(0.2, gt=0, lt=1)  # held out for testing without a test split
+
+
+class FolderSettings(OwnDataSettings):
+    image_size: int = Field(32, ge=1)  # images are resized to image_size x image_size
+    channels: Literal[1, 3] = 3
 
 
 @dataclass(frozen=True)
@@ -64,8 +92,8 @@ def to_tensors(x: np.ndarray, y: np.ndarray, mean, std) -> tuple[torch.Tensor, t
     return (images - m) / s, torch.from_numpy(np.asarray(y, dtype=np.int64))
 
 
-def _root(spec: Mapping, default: Path) -> Path:
-    return Path(os.path.expanduser(str(spec["root"]))) if spec.get("root") else default
+def _root(spec: DatasetSettings, default: Path) -> Path:
+    return Path(os.path.expanduser(spec.root)) if spec.root else default
 
 
 def _missing(name: str, where: list[Path], how: str) -> ConfigError:
@@ -86,7 +114,7 @@ def _idx_dataset(spec, *, title, prefix, roots, fetch, how, classes, test_split=
         return (train, test) if train and test else None
 
     found = next((r for r in map(read, roots) if r is not None), None)
-    if found is None and spec.get("download"):
+    if found is None and spec.download:
         fetch(roots[-1])
         found = read(roots[-1])
     if found is None:
@@ -100,7 +128,7 @@ def _idx_dataset(spec, *, title, prefix, roots, fetch, how, classes, test_split=
 def load_fmnist(spec):
     from torchvision.datasets import FashionMNIST
 
-    roots = [_root(spec, FMNIST_SYSTEM_DIR)] if spec.get("root") else [
+    roots = [_root(spec, FMNIST_SYSTEM_DIR)] if spec.root else [
         FMNIST_SYSTEM_DIR, data_dir() / "fashion-mnist"]
     how = ("Install it with: sudo apt-get install -y dataset-fashion-mnist "
            "(or set dataset.download=true to fetch it with torchvision; needs internet).")
@@ -119,8 +147,8 @@ def load_mnist(spec):
 def load_emnist(spec):
     from torchvision.datasets import EMNIST
 
-    split = spec.get("split", "balanced")
-    classes = lookup("EMNIST split", split, EMNIST.classes_split_dict)
+    split = spec.split
+    classes = EMNIST.classes_split_dict[split]
     offset = 1 if split == "letters" else 0  # letters are labelled 1..26 ('N/A' is class 0)
     return _idx_dataset(spec, title=f"EMNIST ({split})", prefix=f"emnist-{split}-",
                         roots=[_root(spec, data_dir() / "emnist")], how=_download_hint("EMNIST"),
@@ -135,7 +163,7 @@ def _cifar(spec, *, title, folder, train, test, label_key, meta, tv_name):
     root = _root(spec, data_dir())
     path = root / folder
     files_present = all((path / f).is_file() for f in [*train, test])
-    if not files_present and spec.get("download"):
+    if not files_present and spec.download:
         getattr(tvd, tv_name)(str(root), download=True)
     elif not files_present:
         raise _missing(title, [path], _download_hint(title))
@@ -164,7 +192,7 @@ def load_svhn(spec):
     files = {s: root / f"{s}_32x32.mat" for s in ("train", "test")}
     for split, path in files.items():
         if not path.is_file():
-            if not spec.get("download"):
+            if not spec.download:
                 raise _missing("SVHN", [path], _download_hint("SVHN"))
             SVHN(str(root), split=split, download=True)
     (xtr, ytr), (xte, yte) = (loaders.read_svhn(files[s]) for s in ("train", "test"))
@@ -173,8 +201,6 @@ def load_svhn(spec):
 
 def _hold_out(x, y, fraction: float):
     """Split off a fixed (seed 0) test share, the same for every experiment seed."""
-    if not 0 < fraction < 1:
-        raise ConfigError(f"dataset.test_fraction must be in (0, 1), got {fraction}")
     order = np.random.default_rng(0).permutation(len(y))
     n_test = max(1, int(round(len(y) * fraction)))
     return x[order[n_test:]], y[order[n_test:]], x[order[:n_test]], y[order[:n_test]]
@@ -182,50 +208,52 @@ def _hold_out(x, y, fraction: float):
 
 def load_folder(spec):
     root = _root(spec, Path("."))
-    size, channels = int(spec.get("image_size", 32)), int(spec.get("channels", 3))
-    if channels not in (1, 3):
-        raise ConfigError(f"dataset.channels must be 1 or 3, got {channels}")
+    size, channels = spec.image_size, spec.channels
     train_dir = root / "train" if (root / "train").is_dir() else root
     xtr, ytr, classes = loaders.read_image_folder(train_dir, None, size, channels)
     if (root / "test").is_dir():
         xte, yte, _ = loaders.read_image_folder(root / "test", classes, size, channels)
     else:
-        xtr, ytr, xte, yte = _hold_out(xtr, ytr, float(spec.get("test_fraction", 0.2)))
+        xtr, ytr, xte, yte = _hold_out(xtr, ytr, spec.test_fraction)
     return xtr, ytr, xte, yte, classes
 
 
 def load_npz(spec):
     xtr, ytr, xte, yte = loaders.read_npz(_root(spec, Path("data.npz")))
     if xte is None:
-        xtr, ytr, xte, yte = _hold_out(xtr, ytr, float(spec.get("test_fraction", 0.2)))
+        xtr, ytr, xte, yte = _hold_out(xtr, ytr, spec.test_fraction)
     return xtr, ytr, xte, yte, [str(c) for c in range(int(max(ytr.max(), yte.max())) + 1)]
 
 
-DATASETS: dict[str, Callable] = {
-    "fmnist": load_fmnist, "mnist": load_mnist, "emnist": load_emnist,
-    "cifar10": load_cifar10, "cifar100": load_cifar100, "svhn": load_svhn,
-    "folder": load_folder, "npz": load_npz,
+# name -> (its settings, its loader)
+DATASETS: dict[str, tuple[type[DatasetSettings], Callable]] = {
+    "fmnist": (DatasetSettings, load_fmnist), "mnist": (DatasetSettings, load_mnist),
+    "emnist": (EmnistSettings, load_emnist), "cifar10": (DatasetSettings, load_cifar10),
+    "cifar100": (DatasetSettings, load_cifar100), "svhn": (DatasetSettings, load_svhn),
+    "folder": (FolderSettings, load_folder), "npz": (OwnDataSettings, load_npz),
 }
 
 
-def load_dataset(spec: Mapping) -> ImageData:
-    """Load the dataset a ``dataset`` config section names (cached per process)."""
-    return _load_cached(json.dumps(dict(spec), sort_keys=True, default=str))
+def dataset_settings(spec: Mapping | DatasetSettings) -> DatasetSettings:
+    """A ``dataset`` section, checked against its dataset's settings."""
+    return section("dataset", spec, {name: entry[0] for name, entry in DATASETS.items()})
+
+
+def load_dataset(spec: Mapping | DatasetSettings) -> ImageData:
+    """Load the dataset a ``dataset`` section names (cached per process)."""
+    return _load_cached(dataset_settings(spec))
 
 
 @lru_cache(maxsize=2)
-def _load_cached(spec_json: str) -> ImageData:
-    spec = json.loads(spec_json)
-    if spec.get("root") == "???":
-        raise ConfigError(f"dataset '{spec['name']}' needs dataset.root=<path to your data>")
-    loader = lookup("dataset", spec["name"], DATASETS)
-    xtr, ytr, xte, yte, classes = loader(spec)
+def _load_cached(spec: DatasetSettings) -> ImageData:
+    xtr, ytr, xte, yte, classes = DATASETS[spec.name][1](spec)
     mean, std = channel_stats(xtr)
-    if spec.get("subset"):
-        xtr, ytr = xtr[: int(spec["subset"])], ytr[: int(spec["subset"])]
-    if spec.get("test_subset"):
-        xte, yte = xte[: int(spec["test_subset"])], yte[: int(spec["test_subset"])]
+    if spec.subset:
+        xtr, ytr = xtr[: spec.subset], ytr[: spec.subset]
+    if spec.test_subset:
+        xte, yte = xte[: spec.test_subset], yte[: spec.test_subset]
     bad = [int(v) for v in np.unique(np.concatenate([ytr, yte])) if not 0 <= v < len(classes)]
     if bad:
-        raise ConfigError(f"dataset '{spec['name']}' has labels {bad[:5]} outside 0..{len(classes) - 1}")
+        raise ConfigError(f"dataset '{spec.name}' has labels {bad[:5]} "
+                          f"outside 0..{len(classes) - 1}")
     return ImageData(xtr, ytr, xte, yte, tuple(classes), mean, std)

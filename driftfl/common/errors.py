@@ -12,6 +12,6 @@ class ConfigError(ValueError):
 
 def lookup(kind: str, name: str, table: Mapping[str, T]) -> T:
     """``table[name]``, or a ConfigError that lists the valid names."""
-    if name not in table:
+    if not isinstance(name, str) or name not in table:
         raise ConfigError(f"unknown {kind} '{name}'; valid: {', '.join(sorted(table))}")
     return table[name]

@@ -7,11 +7,24 @@ every model exposes both; ``forward`` is simply ``head(features(x))``.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from typing import Annotated
 
 import torch
+from pydantic import Field
 from torch import nn
 
-from .errors import ConfigError, lookup
+from .errors import ConfigError
+from .settings import Settings, section
+
+
+class ModelSettings(Settings):
+    """The ``model`` section; most models take nothing more than their name."""
+
+    name: str
+
+
+class MlpSettings(ModelSettings):
+    hidden: list[Annotated[int, Field(ge=1)]] = [200, 200]  # widths of the hidden layers
 
 
 class DriftModel(nn.Module):
@@ -69,17 +82,21 @@ def resnet18(shape, num_classes) -> DriftModel:
     return DriftModel(net, feature_dim, num_classes)
 
 
-MODELS: dict[str, Callable[..., DriftModel]] = {
-    "mlp": mlp, "cnn": cnn, "lenet5": lenet5, "resnet18": resnet18}
+# name -> (its settings, the function that builds it from them)
+MODELS: dict[str, tuple[type[ModelSettings], Callable[..., DriftModel]]] = {
+    "mlp": (MlpSettings, mlp), "cnn": (ModelSettings, cnn), "lenet5": (ModelSettings, lenet5),
+    "resnet18": (ModelSettings, resnet18)}
 
 
-def build_model(spec: Mapping, shape, num_classes: int) -> DriftModel:
-    """The model a ``model`` config section names, for images of ``shape`` (C, H, W)."""
-    factory = lookup("model", spec["name"], MODELS)
-    kwargs = {k: v for k, v in spec.items() if k != "name"}
+def model_settings(spec: Mapping | ModelSettings) -> ModelSettings:
+    return section("model", spec, {name: entry[0] for name, entry in MODELS.items()})
+
+
+def build_model(spec: Mapping | ModelSettings, shape, num_classes: int) -> DriftModel:
+    """The model a ``model`` section names, for images of ``shape`` (C, H, W)."""
+    spec = model_settings(spec)
     try:
-        return factory(tuple(shape), num_classes, **kwargs)
-    except TypeError as err:
-        raise ConfigError(f"model '{spec['name']}' got unexpected settings {sorted(kwargs)}: {err}")
+        return MODELS[spec.name][1](tuple(shape), num_classes, **spec.model_dump(exclude={"name"}))
     except RuntimeError as err:  # e.g. images too small for the conv stack
-        raise ConfigError(f"model '{spec['name']}' cannot take images of shape {tuple(shape)}: {err}")
+        raise ConfigError(f"model '{spec.name}' cannot take images of shape "
+                          f"{tuple(shape)}: {err}") from None

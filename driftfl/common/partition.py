@@ -12,71 +12,91 @@ import os
 import tempfile
 import warnings
 from collections.abc import Mapping
+from typing import Literal
 
 import numpy as np
+from pydantic import Field
 
-from .errors import ConfigError, lookup
+from .errors import ConfigError
 from .paths import cache_dir
+from .settings import Settings, section
 
-PARTITIONS = ("iid", "dirichlet", "pathological", "shards")
+
+class PartitionSettings(Settings):
+    """The ``partition`` section; IID takes nothing more."""
+
+    name: str
 
 
-def check_partition(spec: Mapping, num_clients: int, num_classes: int, num_samples: int) -> None:
-    """Raise ConfigError for a partition that cannot be made, before any work starts."""
-    lookup("partition", spec["name"], dict.fromkeys(PARTITIONS))
-    if num_clients < 1:
-        raise ConfigError(f"num_clients must be at least 1, got {num_clients}")
+class DirichletSettings(PartitionSettings):
+    alpha: float = Field(0.5, gt=0)  # smaller is more skewed
+    min_size: int = Field(10, ge=0)  # redraw until every client holds this many samples
+    self_balancing: bool = False  # flwr-datasets' balancing of partition sizes
+
+
+class PathologicalSettings(PartitionSettings):
+    classes_per_client: int = 2  # 1..number of classes, checked against the dataset
+    assignment: Literal["random", "deterministic", "first-deterministic"] = "random"
+
+
+class ShardsSettings(PartitionSettings):
+    shards_per_client: int = Field(2, ge=1)
+
+
+PARTITIONS: dict[str, type[PartitionSettings]] = {
+    "iid": PartitionSettings, "dirichlet": DirichletSettings,
+    "pathological": PathologicalSettings, "shards": ShardsSettings}
+
+
+def partition_settings(spec: Mapping | PartitionSettings) -> PartitionSettings:
+    return section("partition", spec, PARTITIONS)
+
+
+def check_partition(spec: Mapping | PartitionSettings, num_clients: int, num_classes: int,
+                    num_samples: int) -> None:
+    """Raise ConfigError for a partition that cannot be made of this data, before any work."""
+    spec = partition_settings(spec)
     if num_clients > num_samples:
         raise ConfigError(f"num_clients={num_clients} is more than the {num_samples} training "
                           "samples; use fewer clients or a larger dataset.subset")
-    name = spec["name"]
-    if name == "dirichlet":
-        if not float(spec["alpha"]) > 0:
-            raise ConfigError(f"partition.alpha must be > 0, got {spec['alpha']}")
-        if int(spec["min_size"]) * num_clients > num_samples:
-            raise ConfigError(
-                f"partition.min_size={spec['min_size']} x {num_clients} clients exceeds the "
-                f"{num_samples} training samples; lower partition.min_size")
-    elif name == "pathological":
-        k = int(spec["classes_per_client"])
-        if not 1 <= k <= num_classes:
-            raise ConfigError(f"partition.classes_per_client must be in 1..{num_classes}, got {k}")
-        lookup("partition.assignment", spec["assignment"],
-               dict.fromkeys(("random", "deterministic", "first-deterministic")))
-    elif name == "shards":
-        shards = int(spec["shards_per_client"])
-        if shards < 1 or shards * num_clients > num_samples:
-            raise ConfigError(f"partition.shards_per_client={shards} must be >= 1 and leave "
-                              f"each of the {num_clients * shards} shards a sample")
+    if isinstance(spec, DirichletSettings) and spec.min_size * num_clients > num_samples:
+        raise ConfigError(
+            f"partition.min_size={spec.min_size} x {num_clients} clients exceeds the "
+            f"{num_samples} training samples; lower partition.min_size")
+    if isinstance(spec, PathologicalSettings) and not 1 <= spec.classes_per_client <= num_classes:
+        raise ConfigError(f"partition.classes_per_client must be in 1..{num_classes}, "
+                          f"got {spec.classes_per_client}")
+    if isinstance(spec, ShardsSettings) and spec.shards_per_client * num_clients > num_samples:
+        raise ConfigError(f"partition.shards_per_client={spec.shards_per_client} leaves some "
+                          f"of the {num_clients * spec.shards_per_client} shards no sample")
 
 
-def _partitioner(spec: Mapping, num_clients: int, seed: int):
+def _partitioner(spec: PartitionSettings, num_clients: int, seed: int):
     from flwr_datasets import partitioner as fp
 
-    name = spec["name"]
-    if name == "iid":
-        return fp.IidPartitioner(num_partitions=num_clients)
-    if name == "dirichlet":
+    if isinstance(spec, DirichletSettings):
         return fp.DirichletPartitioner(
-            num_partitions=num_clients, partition_by="label", alpha=float(spec["alpha"]),
-            min_partition_size=int(spec["min_size"]),
-            self_balancing=bool(spec.get("self_balancing", False)), seed=seed)
-    if name == "pathological":
+            num_partitions=num_clients, partition_by="label", alpha=spec.alpha,
+            min_partition_size=spec.min_size, self_balancing=spec.self_balancing, seed=seed)
+    if isinstance(spec, PathologicalSettings):
         return fp.PathologicalPartitioner(
             num_partitions=num_clients, partition_by="label",
-            num_classes_per_partition=int(spec["classes_per_client"]),
-            class_assignment_mode=spec["assignment"], seed=seed)
-    return fp.ShardPartitioner(num_partitions=num_clients, partition_by="label",
-                               num_shards_per_partition=int(spec["shards_per_client"]), seed=seed)
+            num_classes_per_partition=spec.classes_per_client,
+            class_assignment_mode=spec.assignment, seed=seed)
+    if isinstance(spec, ShardsSettings):
+        return fp.ShardPartitioner(num_partitions=num_clients, partition_by="label",
+                                   num_shards_per_partition=spec.shards_per_client, seed=seed)
+    return fp.IidPartitioner(num_partitions=num_clients)
 
 
-def compute_partition(labels: np.ndarray, spec: Mapping, num_clients: int,
+def compute_partition(labels: np.ndarray, spec: Mapping | PartitionSettings, num_clients: int,
                       seed: int) -> list[np.ndarray]:
     """Indices into ``labels`` for each client (no cache)."""
     from datasets import Dataset
 
+    spec = partition_settings(spec)
     table = Dataset.from_dict({"label": labels, "index": np.arange(len(labels))})
-    if spec["name"] == "iid":  # IidPartitioner cuts contiguous shards: shuffle first
+    if spec.name == "iid":  # IidPartitioner cuts contiguous shards: shuffle first
         table = table.shuffle(seed=seed)
     partitioner = _partitioner(spec, num_clients, seed)
     partitioner.dataset = table
@@ -86,17 +106,17 @@ def compute_partition(labels: np.ndarray, spec: Mapping, num_clients: int,
             return [np.asarray(partitioner.load_partition(i)["index"], dtype=np.int64)
                     for i in range(num_clients)]
     except ValueError as err:
-        if spec["name"] == "dirichlet":
+        if isinstance(spec, DirichletSettings):
             raise ConfigError(
-                f"Dirichlet(alpha={spec['alpha']}) could not give each of {num_clients} clients "
-                f"at least partition.min_size={spec['min_size']} samples in 11 draws; raise "
+                f"Dirichlet(alpha={spec.alpha:g}) could not give each of {num_clients} clients "
+                f"at least partition.min_size={spec.min_size} samples in 11 draws; raise "
                 "partition.alpha, lower partition.min_size or use fewer clients") from err
-        raise ConfigError(f"partition '{spec['name']}' failed: {err}") from err
+        raise ConfigError(f"partition '{spec.name}' failed: {err}") from err
 
 
-def holdout_indices(labels: np.ndarray, per_class: int, seed: int) -> np.ndarray:
-    """``per_class`` samples of every class, drawn by ``seed``, that the server keeps and no
-    client ever receives (FedSSD's auxiliary set); sorted indices into ``labels``."""
+def aux_indices(labels: np.ndarray, per_class: int, seed: int) -> np.ndarray:
+    """The server's aux set: ``per_class`` samples of every class, drawn by ``seed``, that the
+    server keeps and no client ever receives; sorted indices into ``labels``."""
     rng = np.random.default_rng([seed, 7])  # a stream of its own, apart from the partitioner's
     chosen = []
     for c in np.unique(labels):
@@ -108,25 +128,26 @@ def holdout_indices(labels: np.ndarray, per_class: int, seed: int) -> np.ndarray
     return np.sort(np.concatenate(chosen)) if chosen else np.zeros(0, dtype=np.int64)
 
 
-def _cache_key(labels: np.ndarray, spec: Mapping, num_clients: int, seed: int,
-               holdout: np.ndarray) -> str:
+def _cache_key(labels: np.ndarray, spec: PartitionSettings, num_clients: int, seed: int,
+               aux: np.ndarray) -> str:
     digest = hashlib.sha256(np.ascontiguousarray(labels).tobytes())
-    digest.update(np.ascontiguousarray(holdout, dtype=np.int64).tobytes())
-    digest.update(json.dumps([dict(spec), num_clients, seed], sort_keys=True).encode())
-    return f"{spec['name']}-{num_clients}-{digest.hexdigest()[:20]}"
+    digest.update(np.ascontiguousarray(aux, dtype=np.int64).tobytes())
+    digest.update(json.dumps([spec.model_dump(), num_clients, seed], sort_keys=True).encode())
+    return f"{spec.name}-{num_clients}-{digest.hexdigest()[:20]}"
 
 
-def partition(labels: np.ndarray, spec: Mapping, num_clients: int, seed: int,
-              holdout: np.ndarray | None = None) -> list[np.ndarray]:
+def partition(labels: np.ndarray, spec: Mapping | PartitionSettings, num_clients: int, seed: int,
+              aux: np.ndarray | None = None) -> list[np.ndarray]:
     """Indices into ``labels`` for each client, read from or written to the disk cache. Samples
-    in ``holdout`` (the server's) are left out before partitioning."""
-    holdout = np.zeros(0, dtype=np.int64) if holdout is None else np.asarray(holdout)
-    key = _cache_key(labels, spec, num_clients, seed, holdout)
+    in ``aux`` (the server's aux set) are left out before partitioning."""
+    spec = partition_settings(spec)
+    aux = np.zeros(0, dtype=np.int64) if aux is None else np.asarray(aux)
+    key = _cache_key(labels, spec, num_clients, seed, aux)
     path = cache_dir() / "partitions" / f"{key}.npz"
     if path.is_file():
         with np.load(path) as cached:
             return [cached[f"client{i}"] for i in range(num_clients)]
-    pool = np.setdiff1d(np.arange(len(labels)), holdout)
+    pool = np.setdiff1d(np.arange(len(labels)), aux)
     parts = [pool[p] for p in compute_partition(labels[pool], spec, num_clients, seed)]
     path.parent.mkdir(parents=True, exist_ok=True)
     # Write then rename: clients starting together never read a half-written file.
@@ -141,13 +162,12 @@ def label_histogram(labels: np.ndarray, num_classes: int) -> list[int]:
     return np.bincount(labels, minlength=num_classes).astype(int).tolist()
 
 
-def describe(spec: Mapping) -> str:
+def describe(spec: PartitionSettings) -> str:
     """A short human name for a partition, e.g. 'Dirichlet(0.5)' or '#C=2'."""
-    name = spec["name"]
-    if name == "dirichlet":
-        return f"Dirichlet({spec['alpha']})"
-    if name == "pathological":
-        return f"#C={spec['classes_per_client']}"
-    if name == "shards":
-        return f"{spec['shards_per_client']} shards/client"
+    if isinstance(spec, DirichletSettings):
+        return f"Dirichlet({spec.alpha})"
+    if isinstance(spec, PathologicalSettings):
+        return f"#C={spec.classes_per_client}"
+    if isinstance(spec, ShardsSettings):
+        return f"{spec.shards_per_client} shards/client"
     return "IID"

@@ -1,9 +1,10 @@
 """The wire protocol: the only thing the ClientApp and the strategies agree on.
 
 Server -> client ``train``: record ``arrays`` (the global model) and ``config`` with
-``experiment`` (the resolved experiment config as JSON), ``dataset-meta`` (classes, image shape,
+``experiment`` (the checked experiment as JSON), ``dataset-meta`` (classes, image shape,
 normalisation, so a node with its own folder reads its images the same way), ``method`` (the
-local objective) and ``server-round``. Methods add their own named records (``teacher``, ...).
+local objective) and ``server-round``. Methods add their own named records (``teacher``, ...)
+and config keys (FedProx's ``proximal-mu``).
 
 Client -> server reply: ``arrays`` (the updated model) and ``metrics`` with ``num-examples``,
 ``local-steps``, ``train-loss`` and the objective's diagnostics; statistics go in further
@@ -28,6 +29,9 @@ SERVER_ROUND = "server-round"
 EXPERIMENT = "experiment"
 DATASET_META = "dataset-meta"
 METHOD = "method"
+PROXIMAL_MU = "proximal-mu"  # FedProx's mu, as Flower's FedProx sends it
+PROTOTYPES_IN_REPLY = "prototypes-in-reply"  # FedCSD, prototypes=previous: reply with this
+#                                              round's P_k (see CSD_PROTOTYPES)
 
 # keys in the reply ``metrics`` record
 NUM_EXAMPLES = "num-examples"
@@ -44,17 +48,13 @@ TEACHER = "teacher"  # a teacher model's arrays (FedCSD's EMA teacher, FedGKD's 
 PROTOTYPES = "prototypes"  # FedCSD's global class prototypes: arrays "prototypes" (C, C)
 
 CREDIBILITY = "credibility"  # FedSSD: arrays "matrix" (C, C), the global model's row-normalised
-#                               confusion on the server's auxiliary set
-CLASS_PHI = "class-phi"  # FedCAD with alpha_source=aux: arrays "phi" (C,), E_{x|y}[phi] on it
+#                               confusion on the server's aux set
+CLASS_PHI = "class-phi"  # FedCAD with alpha_source=aux: arrays "phi" (C,), E_{x|y}[phi] on the
+#                          aux set; without it a client estimates E_{x|y}[phi] on its own data
 
 # FedCSD's prototype phase: query "query.csd_prototypes" carries the teacher; the reply's
 # "prototypes" record holds "prototypes" (C, C) mean teacher logits per class and "counts" (C,)
 CSD_PROTOTYPES = "csd_prototypes"
-
-# the local objectives a client can run, by the name the ``method`` key carries, and the
-# knowledge records each needs from the server
-OBJECTIVES = ("ce", "prox", "csd", "lsd", "ntd", "gkd", "ssd", "cad")
-OBJECTIVE_NEEDS = {"csd": {TEACHER, PROTOTYPES}, "gkd": {TEACHER}, "ssd": {CREDIBILITY}}
 
 
 @dataclass(frozen=True)
@@ -65,7 +65,7 @@ class DatasetMeta:
     shape: list[int]  # (C, H, W)
     mean: list[float]
     std: list[float]
-    holdout_per_class: int = 0  # training samples per class the server keeps (FedSSD's D_aux)
+    aux_per_class: int = 0  # training samples per class the server keeps as its aux set
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))

@@ -15,7 +15,7 @@ from flwr.app import ConfigRecord, Context, Message, MessageType, MetricRecord, 
 from flwr.serverapp import Grid, ServerApp
 
 from driftfl.common import paths
-from driftfl.common.config import compose, parse_overrides, to_json
+from driftfl.common.config import compose, parse_overrides
 from driftfl.common.datasets import to_tensors
 from driftfl.common.errors import ConfigError
 from driftfl.common.evaluation import evaluate
@@ -23,7 +23,8 @@ from driftfl.common.partition import describe
 from driftfl.common.protocol import (CONFIG, DATA_SUMMARY, DATASET_META, EXPERIMENT,
                                      LABEL_HISTOGRAM, METRICS, NUM_EXAMPLES, PARTITION_ID,
                                      load_arrays, model_to_arrays)
-from driftfl.strategies import DriftStrategy, build_strategy
+from driftfl.methods import build_strategy
+from driftfl.strategies import DriftStrategy
 from driftfl.strategies.base import wait_for_nodes
 
 from . import console
@@ -56,39 +57,42 @@ def run_experiment(grid: Grid, experiment: Experiment, run_dir: Path, run_id: in
     cfg = experiment.cfg
     if not cfg.verbose:
         logging.getLogger("flwr").setLevel(logging.WARNING)
-    random.seed(int(cfg.seed))
-    np.random.seed(int(cfg.seed))
+    random.seed(cfg.seed)
+    np.random.seed(cfg.seed)
     recorder = RunRecorder(run_dir, cfg, run_id)
     model = experiment.initial_model()
-    strategy = build_strategy(cfg, model, experiment.auxiliary_set(model))
+    strategy = build_strategy(cfg, model, experiment.aux_set(model))
     metered = MeteredGrid(grid)
-    job = ConfigRecord({EXPERIMENT: to_json(cfg), DATASET_META: experiment.meta.to_json()})
+    # what every message to a client carries: the experiment and how to read its data
+    experiment_record = ConfigRecord({EXPERIMENT: cfg.to_json(),
+                                      DATASET_META: experiment.meta.to_json()})
 
-    clients = survey_clients(metered, job, int(cfg.num_clients), float(cfg.node_wait),
-                             float(cfg.round_timeout))
+    clients = survey_clients(metered, experiment_record, cfg.num_clients, cfg.node_wait,
+                             cfg.round_timeout)
     strategy.node_rank = {c["node_id"]: c["partition_id"] for c in clients}
     title = (f"{cfg.strategy.name} on {cfg.dataset.name}, {describe(cfg.partition)}, "
              f"{len(clients)} clients, {cfg.model.name}")
     print(console.partition_table(clients, list(experiment.data.classes), title), flush=True)
-    holdout = experiment.data.train_y[experiment.holdout]
-    recorder.partition({"dataset": cfg.dataset.name, "partition": dict(cfg.partition),
-                        "seed": int(cfg.seed), "classes": list(experiment.data.classes),
+    aux_labels = experiment.data.train_y[experiment.aux_indices]
+    recorder.partition({"dataset": cfg.dataset.name, "partition": cfg.partition.model_dump(),
+                        "seed": cfg.seed, "classes": list(experiment.data.classes),
                         "clients": clients,
-                        "server_holdout": {"per_class": experiment.holdout_per_class,
-                                           "indices": experiment.holdout.tolist(),
-                                           "label_histogram": np.bincount(
-                                               holdout, minlength=experiment.data.num_classes
-                                           ).tolist()}})
+                        "aux_set": {"per_class": experiment.aux_per_class,
+                                    "indices": experiment.aux_indices.tolist(),
+                                    "label_histogram": np.bincount(
+                                        aux_labels, minlength=experiment.data.num_classes
+                                    ).tolist()}})
 
     evaluator = RoundEvaluator(experiment, copy.deepcopy(model), strategy, metered, recorder)
     result = strategy.start(grid=metered, initial_arrays=model_to_arrays(model),
-                            num_rounds=int(cfg.rounds), timeout=float(cfg.round_timeout),
-                            train_config=job, evaluate_config=ConfigRecord(dict(job)),
+                            num_rounds=cfg.rounds, timeout=cfg.round_timeout,
+                            train_config=experiment_record,
+                            evaluate_config=ConfigRecord(dict(experiment_record)),
                             evaluate_fn=evaluator)
     load_arrays(model, result.arrays if len(result.arrays) else model_to_arrays(model))
     rows = recorder.rows
     best = max(rows, key=lambda r: r["test_accuracy"])
-    summary = {"status": "completed", "rounds": int(cfg.rounds),
+    summary = {"status": "completed", "rounds": cfg.rounds,
                "final_accuracy": rows[-1]["test_accuracy"], "final_loss": rows[-1]["test_loss"],
                "best_accuracy": best["test_accuracy"], "best_round": best["round"],
                "seconds": time.time() - recorder.started,
@@ -99,12 +103,12 @@ def run_experiment(grid: Grid, experiment: Experiment, run_dir: Path, run_id: in
     return summary
 
 
-def survey_clients(grid: MeteredGrid, job: ConfigRecord, expected: int, node_wait: float,
-                   timeout: float) -> list[dict]:
+def survey_clients(grid: MeteredGrid, experiment_record: ConfigRecord, expected: int,
+                   node_wait: float, timeout: float) -> list[dict]:
     """Ask every node what data it holds, before the first round; a node that cannot read its
     data fails the run here, with its reason."""
     nodes = wait_for_nodes(grid, expected, timeout=node_wait)
-    query = [Message(RecordDict({CONFIG: job}), dst_node_id=node,
+    query = [Message(RecordDict({CONFIG: experiment_record}), dst_node_id=node,
                      message_type=f"{MessageType.QUERY}.{DATA_SUMMARY}") for node in nodes]
     replies = grid.send_and_receive(query, timeout=timeout)
     failures = [r.error.reason for r in replies if r.has_error()]
@@ -139,14 +143,13 @@ class RoundEvaluator:
         """Test accuracy of another model (a teacher, ...) on the central test set."""
         scratch = copy.deepcopy(self.model)
         scratch.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in arrays.items()})
-        return evaluate(scratch, self.x, self.y, int(self.cfg.eval_batch_size),
-                        self.num_classes)[1]
+        return evaluate(scratch, self.x, self.y, self.cfg.eval_batch_size, self.num_classes)[1]
 
     def __call__(self, server_round: int, arrays) -> MetricRecord:
         eval_started = time.perf_counter()
         load_arrays(self.model, arrays)
         loss, accuracy, per_class = evaluate(self.model, self.x, self.y,
-                                             int(self.cfg.eval_batch_size), self.num_classes)
+                                             self.cfg.eval_batch_size, self.num_classes)
         report = self.strategy.report if server_round > 0 else None
         row = {"round": server_round, "test_accuracy": accuracy, "test_loss": loss}
         if report:  # the clients' metrics (train-loss -> train_loss, ...), the server's
@@ -164,6 +167,6 @@ class RoundEvaluator:
                     "bytes_sent": sent, "bytes_received": received,
                     "per_class_accuracy": per_class})
         self.recorder.add_round(row)
-        print(console.round_line(row, int(self.cfg.rounds)), flush=True)
+        print(console.round_line(row, self.cfg.rounds), flush=True)
         self.round_started = now
         return MetricRecord({"accuracy": accuracy, "loss": loss})

@@ -14,7 +14,9 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from omegaconf import DictConfig, OmegaConf
+import yaml
+
+from driftfl.common.config import ExperimentConfig
 
 PACKAGES = ("driftfl", "flwr", "flwr-datasets", "torch", "torchvision", "numpy", "hydra-core",
             "ray")
@@ -70,13 +72,14 @@ def _json_safe(value):
 class RunRecorder:
     """Writes one run's directory; metrics are rewritten every round so a crash keeps them."""
 
-    def __init__(self, run_dir: Path, cfg: DictConfig, run_id: int | None = None):
+    def __init__(self, run_dir: Path, cfg: ExperimentConfig, run_id: int | None = None):
         self.dir = Path(run_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.rows: list[dict] = []
         self.arrays: dict[str, dict[str, np.ndarray]] = {}  # name -> {"round_<r>": array}
         self.started = time.time()
-        OmegaConf.save(cfg, self.dir / "config.yaml")
+        (self.dir / "config.yaml").write_text(
+            yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
         meta = {"versions": versions(), "git_revision": git_revision(), "flower_run_id": run_id,
                 "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "host": platform.node(),
                 "device": cfg.device, "torch_threads": torch.get_num_threads()}

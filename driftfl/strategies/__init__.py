@@ -1,11 +1,18 @@
-"""Server-side strategies by name: Flower's where Flower has them, extended by DriftStrategy."""
+"""Server-side strategies: Flower's where Flower has them, assembled from driftfl's parts."""
 
 from __future__ import annotations
 
-from .base import DriftStrategy
-from .fednova import FedNova
-from .registry import (STRATEGIES, FedAvg, FedAvgM, FedProx, build_strategy, check_strategy,
-                       server_holdout)
+from .aggregation import Aggregation
+from .base import DriftStrategy, StrategySettings
+from .baselines import FedAvg, FedAvgM, FedProx
+from .fedcad import FedCAD
+from .fedcsd import FedCSD
+from .fednova import FedNovaAggregation
+from .fedssd import FedSSD
+from .parts import AGGREGATIONS, SELECTIONS
+from .selection import Selection
+from .teacher import FedGKD
 
-__all__ = ["STRATEGIES", "DriftStrategy", "FedAvg", "FedAvgM", "FedNova", "FedProx",
-           "build_strategy", "check_strategy", "server_holdout"]
+__all__ = ["AGGREGATIONS", "SELECTIONS", "Aggregation", "DriftStrategy", "FedAvg", "FedAvgM",
+           "FedCAD", "FedCSD", "FedGKD", "FedNovaAggregation", "FedProx", "FedSSD", "Selection",
+           "StrategySettings"]

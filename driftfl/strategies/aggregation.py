@@ -1,14 +1,19 @@
-"""Checking and averaging client replies; nothing here trusts what a client sent."""
+"""Checking and averaging client replies, and the ``aggregation`` part of a strategy: how the
+replies that passed every check become the next global model. Nothing here trusts a client."""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, Message
+from torch import nn
 
+from driftfl.common.config import ExperimentConfig
 from driftfl.common.protocol import ARRAYS, METRICS, NUM_EXAMPLES
+from driftfl.common.settings import NoSettings, Settings
 
 
 @dataclass(frozen=True)
@@ -42,7 +47,8 @@ def check_reply(msg: Message, reference: dict[str, np.ndarray]) -> ClientUpdate 
         except Exception as err:  # a corrupt array: unreadable bytes
             return f"array '{key}' cannot be read: {err}"
         if value.shape != ref.shape or value.dtype != ref.dtype:
-            return f"array '{key}' is {value.dtype}{list(value.shape)}, expected {ref.dtype}{list(ref.shape)}"
+            return (f"array '{key}' is {value.dtype}{list(value.shape)}, "
+                    f"expected {ref.dtype}{list(ref.shape)}")
         if value.dtype.kind == "f" and not np.isfinite(value).all():
             return f"array '{key}' holds NaN or infinite values"
         arrays[key] = value
@@ -105,3 +111,27 @@ def to_numpy(arrays: ArrayRecord) -> dict[str, np.ndarray]:
 def to_record(arrays: dict[str, np.ndarray]) -> ArrayRecord:
     # np.ascontiguousarray would turn 0-d arrays (BatchNorm counters) into shape (1,)
     return ArrayRecord({k: Array(np.require(v, requirements="C")) for k, v in arrays.items()})
+
+
+class Aggregation:
+    """FedAvg's example-weighted mean, w = sum_k gamma_k w_k with gamma_k = n_k / sum_j n_j.
+    Every other rule refines it: its weights (FedDisco), its update (FedNova), or the whole
+    aggregate (robust rules)."""
+
+    Settings: ClassVar[type[Settings]] = NoSettings  # the ``aggregation`` section's settings
+
+    @classmethod
+    def from_config(cls, cfg: ExperimentConfig, model: nn.Module) -> Aggregation:
+        return cls()
+
+    def reject(self, update: ClientUpdate) -> str | None:
+        """Why this rule cannot use a reply that passed the common checks (None: it can)."""
+        return None
+
+    def weights(self, updates: list[ClientUpdate]) -> np.ndarray:
+        return example_weights(updates)
+
+    def aggregate(self, updates: list[ClientUpdate],
+                  global_arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The next global model from the accepted ``updates`` of the model ``global_arrays``."""
+        return weighted_average(updates, self.weights(updates))

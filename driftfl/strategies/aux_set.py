@@ -1,5 +1,5 @@
-"""The server's auxiliary set: labelled samples carved from the training data before
-partitioning (so no client holds them), on which the server measures the global model."""
+"""The server's aux set: labelled samples carved from the training data before partitioning
+(so no client holds them), on which the server measures the global model (FedSSD, FedCAD)."""
 
 from __future__ import annotations
 
@@ -7,10 +7,22 @@ import copy
 
 import numpy as np
 import torch
+from pydantic import Field
 from torch import nn
 
+from .base import StrategySettings
 
-class AuxiliarySet:
+
+class AuxSetSettings(StrategySettings):
+    """For strategies that keep an aux set: how many samples of each class it holds."""
+
+    aux_per_class: int = Field(64, ge=1)
+
+    def aux_set_per_class(self) -> int:
+        return self.aux_per_class
+
+
+class AuxSet:
     def __init__(self, x: torch.Tensor, y: torch.Tensor, model: nn.Module, num_classes: int):
         self.x, self.y = x, y
         self.model = copy.deepcopy(model).eval()
@@ -18,7 +30,7 @@ class AuxiliarySet:
 
     @torch.no_grad()
     def probabilities(self, arrays: dict[str, np.ndarray]) -> torch.Tensor:
-        """softmax of the model holding ``arrays``, on every auxiliary sample."""
+        """softmax of the model holding ``arrays``, on every sample of the aux set."""
         self.model.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in arrays.items()})
         return torch.softmax(self.model(self.x), dim=1)
 

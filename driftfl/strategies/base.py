@@ -1,34 +1,55 @@
-"""What every driftfl strategy adds to Flower's FedAvg.
+"""What every driftfl strategy adds to Flower's FedAvg, and how a strategy is built from config.
 
+- Parts chosen in config: a ``selection`` (which nodes train) and an ``aggregation`` (how the
+  checked replies become the next global model), with the clients' local ``objective``.
 - Reproducible sampling: the seed and the round fix which clients train, by partition id, not by
   the random node ids Flower assigns.
 - Every train message carries the experiment, the dataset description and the local objective.
 - Replies are checked before they touch the global model (see ``aggregation.check_reply``).
-- Aggregation is a hook (``aggregate_arrays``), so FedNova and friends change only that.
 
-Flower's FedProx and FedAvgM are reused by inheriting from them *and* from this class: their
-``configure_train``/``aggregate_train`` call ``super()``, which the MRO routes here.
+A strategy takes its settings as constructor arguments, as Flower's own do; ``from_config``
+builds any of them from a checked experiment. Flower's FedProx and FedAvgM are reused by
+inheriting from them *and* from this class: their ``configure_train``/``aggregate_train`` call
+``super()``, which the MRO routes here.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from logging import INFO, WARNING
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 from flwr.supercore import log
+from torch import nn
 
+from driftfl.common.config import ExperimentConfig
 from driftfl.common.errors import ConfigError
 from driftfl.common.protocol import ARRAYS, CONFIG, METHOD, SERVER_ROUND
+from driftfl.common.settings import Settings
 
-from .aggregation import (ClientUpdate, check_reply, example_weights, mean_metrics, to_numpy,
-                          to_record, weighted_average)
+from .aggregation import (Aggregation, ClientUpdate, check_reply, example_weights, mean_metrics,
+                          to_numpy, to_record)
+from .parts import AGGREGATIONS, SELECTIONS
+from .selection import Selection
+
+if TYPE_CHECKING:
+    from .aux_set import AuxSet
+
+
+class StrategySettings(Settings):
+    """A strategy's own settings: the server's half of a method's ``strategy`` section."""
+
+    def aux_set_per_class(self) -> int:
+        """Training samples per class the server keeps back as its aux set (0: none)."""
+        return 0
 
 
 @dataclass
@@ -42,29 +63,61 @@ class RoundReport:
 
 
 class DriftStrategy(FedAvg):
-    """FedAvg with driftfl's sampling, message content and reply checks."""
+    """FedAvg with driftfl's parts, sampling, message content and reply checks."""
 
-    provides: frozenset[str] = frozenset()  # knowledge records sent with the global model
+    Settings: ClassVar[type[StrategySettings]] = StrategySettings
+    provides: ClassVar[frozenset[str]] = frozenset()  # records and config keys sent to clients
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.objective = "ce"  # the clients' local objective (strategy.objective)
-        self.seed = 0
-        self.round_timeout = 3600.0  # for exchanges a strategy runs inside configure_train
+    def __init__(self, *, selection: Selection | None = None,
+                 aggregation: Aggregation | None = None, objective: str = "ce",
+                 round_timeout: float = 3600.0, **kwargs) -> None:
+        super().__init__(**kwargs)  # Flower's own settings (fraction_train, ...)
+        self.assemble(selection, aggregation, objective, round_timeout)
+
+    def assemble(self, selection: Selection | None, aggregation: Aggregation | None,
+                 objective: str, round_timeout: float) -> None:
+        """Take the parts, and start with no state."""
+        self.selection = selection or Selection()
+        self.aggregation = aggregation or Aggregation()
+        self.objective = objective  # the clients' local objective
+        self.round_timeout = round_timeout  # for exchanges a strategy runs in configure_train
         self.node_rank: dict[int, int] = {}  # node id -> partition id (data-summary query)
         self.report = RoundReport()
         self.global_arrays: dict[str, np.ndarray] = {}  # the model sent this round
-        self.last_aggregate: dict[str, np.ndarray] = {}  # what aggregate_arrays made of it
+        self.last_aggregate: dict[str, np.ndarray] = {}  # what the aggregation made of it
         self.last_updates: list[ClientUpdate] = []  # the replies that passed the checks
+
+    @classmethod
+    def from_config(cls, cfg: ExperimentConfig, model: nn.Module,
+                    aux_set: AuxSet | None = None) -> DriftStrategy:
+        """This strategy for a checked experiment (``driftfl.methods.check_experiment``);
+        ``aux_set`` is the server's held-back set, for strategies that measure models on it."""
+        flwr_logger = logging.getLogger("flwr")
+        level = flwr_logger.level
+        flwr_logger.setLevel(logging.ERROR)  # Flower warns of settings chosen on purpose (mu=0)
+        try:
+            return cls(selection=SELECTIONS[cfg.selection.name].from_config(cfg, model),
+                       aggregation=AGGREGATIONS[cfg.aggregation.name].from_config(cfg, model),
+                       objective=cfg.strategy.objective, round_timeout=cfg.round_timeout,
+                       fraction_train=cfg.fraction, fraction_evaluate=cfg.fraction_evaluate,
+                       min_train_nodes=1, min_evaluate_nodes=0,
+                       min_available_nodes=cfg.num_clients,
+                       **cls.arguments(cfg.strategy, model=model, aux_set=aux_set))
+        finally:
+            flwr_logger.setLevel(level)
+
+    @classmethod
+    def arguments(cls, settings: Any, *, model: nn.Module,
+                  aux_set: AuxSet | None) -> dict[str, Any]:
+        """This class's own constructor arguments, from the method's checked settings."""
+        return {}
 
     # -- which clients train -------------------------------------------------------------
     def sample(self, server_round: int, grid: Grid) -> list[int]:
-        """round(fraction * nodes) clients (at least min_train_nodes), fixed by seed and round."""
+        """floor(fraction * nodes) clients (at least min_train_nodes), chosen by the selection."""
         nodes = sorted(wait_for_nodes(grid, self.min_available_nodes), key=self.rank)
-        k = max(self.min_train_nodes, math.floor(len(nodes) * self.fraction_train + 1e-9))
-        rng = np.random.default_rng([self.seed, server_round])
-        chosen = sorted(rng.choice(len(nodes), size=min(k, len(nodes)), replace=False))
-        return [nodes[i] for i in chosen]
+        count = max(self.min_train_nodes, math.floor(len(nodes) * self.fraction_train + 1e-9))
+        return self.selection.select(server_round, nodes, min(count, len(nodes)))
 
     def rank(self, node: int) -> tuple[float, int]:
         """A node's place in every ordering: its partition id, then its node id."""
@@ -98,10 +151,13 @@ class DriftStrategy(FedAvg):
 
     # -- what comes back -----------------------------------------------------------------
     def accept(self, replies: Iterable[Message]) -> list[ClientUpdate]:
-        """The replies that pass every check; the rest are logged and counted, never used."""
+        """The replies that pass every check (the common ones and the aggregation's own); the
+        rest are logged and counted, never used."""
         updates, rejected = [], []
         for msg in self.in_node_order(replies):
             checked = check_reply(msg, self.global_arrays)
+            if not isinstance(checked, str):
+                checked = self.aggregation.reject(checked) or checked
             if isinstance(checked, str):
                 node = msg.metadata.src_node_id
                 rejected.append(f"node {node}: {checked}")
@@ -112,10 +168,6 @@ class DriftStrategy(FedAvg):
         self.last_updates = updates
         return updates
 
-    def aggregate_arrays(self, updates: list[ClientUpdate]) -> dict[str, np.ndarray]:
-        """FedAvg: w = sum_k gamma_k w_k, gamma_k = n_k / sum_j n_j."""
-        return weighted_average(updates, example_weights(updates))
-
     def aggregate_train(self, server_round: int, replies: Iterable[Message]
                         ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         updates = self.accept(replies)
@@ -125,14 +177,9 @@ class DriftStrategy(FedAvg):
             return None, None
         metrics = mean_metrics(updates, example_weights(updates))
         self.report.train_metrics = metrics
-        self.last_aggregate = self.aggregate_arrays(updates)
+        self.last_aggregate = self.aggregation.aggregate(updates, self.global_arrays)
         return to_record(self.last_aggregate), MetricRecord(
             {k: v for k, v in metrics.items() if not isinstance(v, list)})
-
-    @staticmethod
-    def uses_auxiliary_set(params) -> bool:
-        """Whether the server keeps an auxiliary set back from the clients (FedSSD, ...)."""
-        return False
 
     def server_metrics(self, accuracy_of) -> dict[str, float]:
         """Method diagnostics the server measures each round; ``accuracy_of(arrays)`` tests a
@@ -148,6 +195,18 @@ class DriftStrategy(FedAvg):
         metrics = super().aggregate_evaluate(server_round, replies)
         self.report.evaluate_metrics = dict(metrics or {})
         return metrics
+
+
+class FlowerFirst:
+    """For a Flower strategy placed before DriftStrategy in the bases (so that its
+    ``configure_train``/``aggregate_train`` run and call on to DriftStrategy's): Flower's
+    constructor passes only its own settings on, so the parts are handed over after it."""
+
+    def __init__(self, *, selection: Selection | None = None,
+                 aggregation: Aggregation | None = None, objective: str = "ce",
+                 round_timeout: float = 3600.0, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.assemble(selection, aggregation, objective, round_timeout)
 
 
 def wait_for_nodes(grid: Grid, minimum: int, timeout: float = math.inf,

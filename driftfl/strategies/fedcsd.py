@@ -5,7 +5,7 @@
    clients that hold class c, uniformly over clients (Eq. 7); a class nobody holds: a zero row.
 2. Train phase, for the nodes that answered: global model, teacher and P_G.
 3. After FedAvg: teacher <- alpha * teacher + (1 - alpha) * global (alpha = 0: the last global).
-With prototypes=previous (ALGORITHMS.md's allowed one-exchange option) there is no step 1: the
+With prototypes=previous (the one-exchange option, docs/algorithms.md) there is no step 1: the
 train message carries the previous round's P_G (zero rows in round 1) and the train replies bring
 the P_k for the next round.
 """
@@ -13,14 +13,18 @@ the P_k for the next round.
 from __future__ import annotations
 
 from logging import WARNING
+from typing import Literal
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
 from flwr.supercore import log
+from pydantic import Field
 
-from driftfl.common.protocol import CONFIG, CSD_PROTOTYPES, PROTOTYPES, TEACHER
+from driftfl.common.protocol import (CONFIG, CSD_PROTOTYPES, PROTOTYPES, PROTOTYPES_IN_REPLY,
+                                     TEACHER)
 
 from .aggregation import to_record
+from .base import StrategySettings
 from .teacher import EMATeacher
 
 
@@ -54,10 +58,28 @@ def global_prototypes(replies: list[tuple[np.ndarray, np.ndarray]],
     return (total / np.maximum(holders, 1)[:, None]).astype(np.float32)
 
 
+class FedCSDSettings(StrategySettings):
+    alpha: float = Field(0.9, ge=0, lt=1)  # teacher momentum (TMA)
+    tma: bool = True  # false: the teacher is the last global model (alpha = 0)
+    prototypes: Literal["exchange", "previous"] = "exchange"  # previous: one exchange a round
+
+
 class FedCSD(EMATeacher):
+    """``one_exchange``: prototypes=previous; ``num_classes``: the rows of P_G."""
+
+    Settings = FedCSDSettings
     provides = frozenset({TEACHER, PROTOTYPES})
-    num_classes = 0  # set by build_strategy from the model's head
-    one_exchange = False  # prototypes=previous
+
+    def __init__(self, *, one_exchange: bool, num_classes: int, **kwargs):
+        super().__init__(**kwargs)
+        self.one_exchange = one_exchange
+        self.num_classes = num_classes
+
+    @classmethod
+    def arguments(cls, settings, *, model, aux_set):
+        return {"alpha": settings.alpha if settings.tma else 0.0,
+                "one_exchange": settings.prototypes == "previous",
+                "num_classes": model.head.out_features}
 
     def gather(self, replies) -> tuple[list[int], np.ndarray]:
         """The nodes whose prototypes are usable, and P_G from them."""
@@ -74,6 +96,7 @@ class FedCSD(EMATeacher):
 
     def before_train(self, server_round, nodes, config: ConfigRecord, grid):
         if self.one_exchange:
+            config[PROTOTYPES_IN_REPLY] = True  # the replies bring the next round's P_k
             if server_round == 1:
                 self.prototypes = np.zeros((self.num_classes, self.num_classes), np.float32)
             return nodes

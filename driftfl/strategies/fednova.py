@@ -10,12 +10,13 @@ Buffers (BatchNorm statistics) are not gradient-trained and are averaged as in F
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from driftfl.common.protocol import LOCAL_STEPS
 
-from .aggregation import ClientUpdate, example_weights, weighted_average
-from .base import DriftStrategy
+from .aggregation import Aggregation, ClientUpdate, weighted_average
 
 
 def nova_normaliser(steps: float, momentum: float) -> float:
@@ -26,18 +27,32 @@ def nova_normaliser(steps: float, momentum: float) -> float:
     return (steps - rho * (1 - rho ** steps) / (1 - rho)) / (1 - rho)
 
 
-class FedNova(DriftStrategy):
-    momentum = 0.0  # the clients' SGD momentum rho
-    param_keys: frozenset[str] = frozenset()  # trained parameters; other arrays are buffers
+class FedNovaAggregation(Aggregation):
+    """``momentum``: the clients' SGD momentum rho; ``param_keys``: the trained parameters
+    (the model's other arrays are buffers)."""
 
-    def aggregate_arrays(self, updates: list[ClientUpdate]) -> dict[str, np.ndarray]:
-        updates = [u for u in updates if u.metrics.get(LOCAL_STEPS, 0) > 0]
-        gamma = example_weights(updates)
+    def __init__(self, *, momentum: float, param_keys: frozenset[str]) -> None:
+        self.momentum = momentum
+        self.param_keys = param_keys
+
+    @classmethod
+    def from_config(cls, cfg, model) -> FedNovaAggregation:
+        return cls(momentum=cfg.momentum,
+                   param_keys=frozenset(name for name, _ in model.named_parameters()))
+
+    def reject(self, update: ClientUpdate) -> str | None:
+        steps = update.metrics.get(LOCAL_STEPS)
+        if not isinstance(steps, float) or not math.isfinite(steps) or steps < 1:
+            return f"'{LOCAL_STEPS}' is {steps}; FedNova needs a finite count of at least 1"
+        return None
+
+    def aggregate(self, updates, global_arrays) -> dict[str, np.ndarray]:
+        gamma = self.weights(updates)
         a = np.array([nova_normaliser(u.metrics[LOCAL_STEPS], self.momentum) for u in updates])
         tau_eff = float(gamma @ a)
         out = weighted_average(updates, gamma)  # buffers keep the FedAvg average
         for key in self.param_keys:
-            w_g = self.global_arrays[key].astype(np.float64)
+            w_g = global_arrays[key].astype(np.float64)
             step = sum(g * (w_g - u.arrays[key]) / a_k for g, u, a_k in zip(gamma, updates, a))
-            out[key] = np.asarray(w_g - tau_eff * step, dtype=self.global_arrays[key].dtype)
+            out[key] = np.asarray(w_g - tau_eff * step, dtype=global_arrays[key].dtype)
         return out

@@ -1,5 +1,5 @@
-"""FedSSD's server: each round, the global model's row-normalised confusion matrix on the
-auxiliary set (the credibility matrix A) goes to the clients with the global model."""
+"""FedSSD's server: each round, the global model's row-normalised confusion matrix on the aux
+set (the credibility matrix A) goes to the clients with the global model."""
 
 from __future__ import annotations
 
@@ -8,19 +8,24 @@ from flwr.app import Array, ArrayRecord
 
 from driftfl.common.protocol import CREDIBILITY
 
+from .aux_set import AuxSet, AuxSetSettings
 from .base import DriftStrategy
 
 
 class FedSSD(DriftStrategy):
+    Settings = AuxSetSettings
     provides = frozenset({CREDIBILITY})
-    auxiliary = None  # an AuxiliarySet, set by build_strategy
 
-    @staticmethod
-    def uses_auxiliary_set(params) -> bool:
-        return True
+    def __init__(self, *, aux_set: AuxSet, **kwargs):
+        super().__init__(**kwargs)
+        self.aux_set = aux_set
+
+    @classmethod
+    def arguments(cls, settings, *, model, aux_set):
+        return {"aux_set": aux_set}
 
     def knowledge(self, server_round: int) -> dict:
-        self.credibility = self.auxiliary.confusion(self.global_arrays)
+        self.credibility = self.aux_set.confusion(self.global_arrays)
         return {CREDIBILITY: ArrayRecord({"matrix": Array(self.credibility)})}
 
     def server_metrics(self, accuracy_of) -> dict[str, float]:

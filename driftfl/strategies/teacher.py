@@ -6,11 +6,12 @@ from __future__ import annotations
 from collections import deque
 
 import numpy as np
+from pydantic import Field
 
 from driftfl.common.protocol import TEACHER
 
 from .aggregation import to_numpy, to_record
-from .base import DriftStrategy
+from .base import DriftStrategy, StrategySettings
 
 
 def ema(teacher: dict[str, np.ndarray], new: dict[str, np.ndarray],
@@ -67,17 +68,31 @@ class TeacherStrategy(DriftStrategy):
 class EMATeacher(TeacherStrategy):
     """w_teacher <- alpha w_teacher + (1 - alpha) w_G after each round (FedCSD's TMA)."""
 
-    alpha = 0.9
+    def __init__(self, *, alpha: float, **kwargs):
+        super().__init__(**kwargs)
+        self.alpha = alpha
 
     def update_teacher(self, new_global):
         self.teacher = ema(self.teacher, new_global, self.alpha)
+
+
+class FedGKDSettings(StrategySettings):
+    buffer_size: int = Field(5, ge=1)  # M: the teacher averages the last M global models
 
 
 class FedGKD(TeacherStrategy):
     """Teacher = parameter average of the last ``buffer_size`` global models, the initial one
     included; round 1 sends none (its teacher would be the untrained initial model)."""
 
-    buffer_size = 5
+    Settings = FedGKDSettings
+
+    def __init__(self, *, buffer_size: int, **kwargs):
+        super().__init__(**kwargs)
+        self.buffer_size = buffer_size
+
+    @classmethod
+    def arguments(cls, settings, *, model, aux_set):
+        return {"buffer_size": settings.buffer_size}
 
     def start_teacher(self) -> None:
         self.buffer = deque([{k: v.copy() for k, v in self.global_arrays.items()}],

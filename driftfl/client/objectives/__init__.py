@@ -1,32 +1,17 @@
-"""Local objectives by the name the ``method`` key of a train message carries."""
+"""Local objectives by the name the ``method`` key of a train message carries.
+
+Every module of this package is imported here, and each Objective subclass that sets ``name``
+registers itself in OBJECTIVES: adding an objective is adding a module.
+"""
 
 from __future__ import annotations
 
-from driftfl.common.errors import lookup
+import importlib
+import pkgutil
 
-from .base import Batch, Objective
-from .cad import CAD
-from .csd import CSD
-from .gkd import GKD
-from .lsd import LSD
-from .ntd import NTD
-from .prox import Prox
-from .ssd import SSD
+from .base import OBJECTIVES, Batch, Objective, build_objective
 
-OBJECTIVES: dict[str, type[Objective]] = {
-    "ce": Objective,
-    "prox": Prox,
-    "csd": CSD,
-    "lsd": LSD,
-    "ntd": NTD,
-    "gkd": GKD,
-    "ssd": SSD,
-    "cad": CAD,
-}
-
-
-def build_objective(name: str, params, job=None) -> Objective:
-    return lookup("objective", name, OBJECTIVES)(params, job)
-
+for _module in pkgutil.iter_modules(__path__):
+    importlib.import_module(f"{__name__}.{_module.name}")
 
 __all__ = ["OBJECTIVES", "Batch", "Objective", "build_objective"]

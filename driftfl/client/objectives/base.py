@@ -4,14 +4,21 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from driftfl.common.errors import lookup
+from driftfl.common.settings import NoSettings, Settings, validated
+
 if TYPE_CHECKING:
     from driftfl.client.job import ClientJob
+
+# every objective by the name a train message's ``method`` key carries; a subclass that sets
+# ``name`` registers itself here
+OBJECTIVES: dict[str, type[Objective]] = {}
 
 
 @dataclass(frozen=True)
@@ -28,14 +35,31 @@ class Objective:
 
     A method (1) prepares from the received knowledge before the first epoch (``prepare``),
     (2) returns the batch loss (``loss``; most add ``weight * term`` to the cross-entropy),
-    (3) may report diagnostics that travel back in the reply's metrics.
+    (3) may report diagnostics that travel back in the reply's metrics. It declares its
+    settings once (``Settings``, read from the experiment's ``strategy`` section) and the
+    records or config keys it ``needs`` from the server's strategy.
     """
 
+    name: ClassVar[str] = "ce"
+    Settings: ClassVar[type[Settings]] = NoSettings
+    needs: ClassVar[frozenset[str]] = frozenset()
     weight: float = 0.0
 
-    def __init__(self, params: Mapping, job: ClientJob | None = None):
-        self.params = params  # the strategy's section of the experiment config
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if "name" in cls.__dict__:
+            OBJECTIVES[cls.name] = cls
+
+    def __init__(self, settings: Settings, job: ClientJob | None = None):
+        self.settings = settings
         self.job = job  # the message, its records, the node's context (None in unit tests)
+
+    @classmethod
+    def settings_from(cls, section: Mapping[str, Any], job: ClientJob | None = None) -> Settings:
+        """This objective's settings, from the experiment's ``strategy`` section (which also
+        holds the strategy's settings, and is checked whole on the server)."""
+        return validated(cls.Settings, {k: v for k, v in section.items()
+                                        if k in cls.Settings.model_fields}, "strategy.")
 
     def prepare(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> None:
         """Called once before local training, with the model holding the global weights."""
@@ -55,3 +79,17 @@ class Objective:
     def reply_records(self) -> dict:
         """Further named records for the train reply (statistics the server aggregates)."""
         return {}
+
+
+OBJECTIVES[Objective.name] = Objective
+
+
+def build_objective(name: str, section: Mapping[str, Any] | Settings,
+                    job: ClientJob | None = None) -> Objective:
+    """The objective ``name`` with its settings from ``section`` (a mapping such as the
+    experiment's ``strategy`` section, or settings already built)."""
+    cls = lookup("objective", name, OBJECTIVES)
+    if isinstance(section, cls.Settings):
+        return cls(section, job)
+    data = section.model_dump() if isinstance(section, Settings) else section
+    return cls(cls.settings_from(data, job), job)

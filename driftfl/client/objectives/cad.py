@@ -1,9 +1,10 @@
-"""FedCAD: class-wise adaptive self-distillation (ALGORITHMS.md, FedCAD).
+"""FedCAD: class-wise adaptive self-distillation (docs/algorithms.md, FedCAD).
   L = (1 - alpha_y) CE + alpha_y L_d per sample,  L_d = -sum_k softmax_T(z_g)_k log softmax_T(z)_k
   alpha_y = (gamma_max - gamma_min) / 2 * E_{x|y}[phi] + (gamma_max + gamma_min) / 2,
   phi(y, p_g) = p_g,y - sum_{k != y} p_g,k = 2 p_g,y - 1 (p_g at T = 1), so alpha_y lies in
   [gamma_min, gamma_max]. E_{x|y} is estimated before training with the received global model on
-the local data (alpha_source=local) or taken from the server's auxiliary set (aux).
+the local data, or taken from the ``class-phi`` record when the server sends one (measured on its
+aux set: the strategy's alpha_source=aux).
 gamma_min = gamma_max = 0 is FedAvg; gamma_min = gamma_max = beta is FedLSD.
 """
 
@@ -12,8 +13,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 import torch.nn.functional as F
+from pydantic import Field, field_validator
 
 from driftfl.common.protocol import CLASS_PHI
+from driftfl.common.settings import Settings
 
 from .distill import Distillation, soft_cross_entropy
 
@@ -38,21 +41,37 @@ def cad_loss(logits, global_logits, labels, alpha: torch.Tensor, temperature: fl
     return ((1 - a) * ce + a * distill).mean()
 
 
+class CADSettings(Settings):
+    gamma_min: float = Field(0.25, ge=0, le=1)  # alpha_y's floor (the paper's beta)
+    gamma_max: float = Field(0.5, ge=0, le=1)  # alpha_y's ceiling (the paper's gamma)
+    temperature: float = Field(1.0, gt=0)
+
+    @field_validator("gamma_max")
+    @classmethod
+    def _at_least_gamma_min(cls, value, info):
+        low = info.data.get("gamma_min")
+        if low is not None and value < low:
+            raise ValueError(f"must be >= gamma_min ({low})")
+        return value
+
+
 class CAD(Distillation):
+    name = "cad"
+    Settings = CADSettings
+
     def prepare(self, model, x, y) -> None:
         super().prepare(model, x, y)
         classes = self.teacher_logits.shape[1] if len(x) else 0
-        if self.params.get("alpha_source") == "aux":
+        if self.job is not None and CLASS_PHI in self.job.message.content:
             phi = torch.from_numpy(np.array(
                 self.job.message.content[CLASS_PHI]["phi"].numpy())).to(x.device)
         else:
             phi = class_phi(self.teacher_logits, y, classes)
-        self.alpha = class_alpha(phi, float(self.params["gamma_min"]),
-                                 float(self.params["gamma_max"]))
+        self.alpha = class_alpha(phi, self.settings.gamma_min, self.settings.gamma_max)
 
     def loss(self, batch):
         return cad_loss(batch.logits, self.teacher(batch), batch.y, self.alpha,
-                        float(self.params["temperature"]))
+                        self.settings.temperature)
 
     def diagnostics(self) -> dict:
         # alpha_y per class (NaN for classes this client lacks) and its mean over the classes

@@ -1,4 +1,4 @@
-"""FedCSD: class prototype similarity distillation (ALGORITHMS.md, FedCSD).
+"""FedCSD: class prototype similarity distillation (docs/algorithms.md, FedCSD).
 
 For a sample (x, y) with local logits z and frozen teacher logits z_t:
   delta_c = cos(z, P_G,c)  for every class c;   w = softmax(delta)   (a target: detached)
@@ -9,23 +9,26 @@ The prototype phase runs the teacher over all local data before training; the cl
 logits in its state and reuses them in the train phase when the train message carries the same
 teacher (checked by digest), so the round needs a single teacher forward pass.
 With prototypes=previous (one exchange a round) there is no prototype phase: the train message
-carries the previous round's P_G and the reply this round's P_k, from the same teacher logits.
+carries the previous round's P_G and asks (``prototypes-in-reply``) for this round's P_k, made
+from the same teacher logits.
 """
 
 from __future__ import annotations
 
 import hashlib
+from typing import Literal
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context
+from pydantic import Field
 
-from driftfl.common.protocol import PROTOTYPES, TEACHER
+from driftfl.common.protocol import CONFIG, PROTOTYPES, PROTOTYPES_IN_REPLY, TEACHER
+from driftfl.common.settings import Settings
 
 from .distill import Distillation, logits_of
 
-MASKS = ("adaptive", "forcible", "off")
 STATE_LOGITS, STATE_TEACHER = "csd.teacher-logits", "csd.teacher"
 
 
@@ -84,15 +87,25 @@ def recall_teacher_logits(context: Context, teacher: ArrayRecord, n: int) -> tor
     return torch.from_numpy(np.array(logits)) if len(logits) == n else None
 
 
+class CSDSettings(Settings):
+    mu: float = Field(0.001, ge=0)  # weight of L_CSD
+    tau: float = Field(10.0, gt=0)  # distillation temperature
+    similarity: bool = True  # weight teacher logits by softmax(cos(z, P_G,c)); false: plain
+    mask: Literal["adaptive", "forcible", "off"] = "adaptive"
+
+
 class CSD(Distillation):
+    name = "csd"
+    Settings = CSDSettings
+    needs = frozenset({TEACHER, PROTOTYPES})
     teacher_record = TEACHER
 
-    def __init__(self, params, job=None):
-        super().__init__(params, job)
-        self.weight = float(params["mu"])
-        self.tau = float(params["tau"])
-        self.similarity = bool(params["similarity"])
-        self.mask = str(params["mask"])
+    def __init__(self, settings: CSDSettings, job=None):
+        super().__init__(settings, job)
+        self.weight = settings.mu
+        self.tau = settings.tau
+        self.similarity = settings.similarity
+        self.mask = settings.mask
 
     def compute_teacher_logits(self, model, x):
         teacher = self.job.message.content[TEACHER]
@@ -120,7 +133,7 @@ class CSD(Distillation):
                 "teacher-logits-reused": float(self.reused_logits)}
 
     def reply_records(self) -> dict:
-        if self.params.get("prototypes") != "previous":
+        if not self.job.message.content[CONFIG].get(PROTOTYPES_IN_REPLY, False):
             return {}
         return {PROTOTYPES: prototype_record(*class_prototypes(
             self.teacher_logits, self.labels, self.prototypes.shape[0]))}

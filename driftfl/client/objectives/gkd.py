@@ -4,7 +4,10 @@ no teacher (it would be the initial model), so there is no distillation in round
 
 from __future__ import annotations
 
+from pydantic import Field
+
 from driftfl.common.protocol import TEACHER
+from driftfl.common.settings import Settings
 
 from .distill import Distillation, kl_to_teacher
 
@@ -13,14 +16,22 @@ def gkd_term(logits, teacher_logits, tau: float):
     return tau ** 2 * kl_to_teacher(logits, teacher_logits.detach(), tau).mean()
 
 
+class GKDSettings(Settings):
+    gamma: float = Field(0.2, ge=0)  # the term's weight is gamma / 2
+    tau: float = Field(1.0, gt=0)  # temperature
+
+
 class GKD(Distillation):
+    name = "gkd"
+    Settings = GKDSettings
+    needs = frozenset({TEACHER})
     teacher_record = TEACHER
 
-    def __init__(self, params, job=None):
-        super().__init__(params, job)
-        self.weight = float(params["gamma"]) / 2
+    def __init__(self, settings: GKDSettings, job=None):
+        super().__init__(settings, job)
+        self.weight = settings.gamma / 2
 
     def term(self, batch):
         if self.teacher_logits is None:
             return None
-        return gkd_term(batch.logits, self.teacher(batch), float(self.params["tau"]))
+        return gkd_term(batch.logits, self.teacher(batch), self.settings.tau)

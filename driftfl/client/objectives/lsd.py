@@ -1,12 +1,15 @@
 """FedLSD: L = (1 - beta) CE + beta * L_d, L_d = -sum_k softmax_T(z_g)_k log softmax_T(z)_k.
 
-The teacher is the received global model; no T^2 factor (ALGORITHMS.md), so FedCAD with
+The teacher is the received global model; no T^2 factor (docs/algorithms.md), so FedCAD with
 gamma_min = gamma_max = beta is exactly FedLSD.
 """
 
 from __future__ import annotations
 
 import torch.nn.functional as F
+from pydantic import Field
+
+from driftfl.common.settings import Settings
 
 from .distill import Distillation, soft_cross_entropy
 
@@ -18,7 +21,15 @@ def lsd_loss(logits, teacher_logits, labels, beta: float, temperature: float):
     return (1 - beta) * ce + beta * distill
 
 
+class LSDSettings(Settings):
+    beta: float = Field(0.3, ge=0, le=1)  # weight of L_d; 1 - beta weighs CE
+    temperature: float = Field(1.0, gt=0)
+
+
 class LSD(Distillation):
+    name = "lsd"
+    Settings = LSDSettings
+
     def loss(self, batch):
-        return lsd_loss(batch.logits, self.teacher(batch), batch.y, float(self.params["beta"]),
-                        float(self.params["temperature"]))
+        return lsd_loss(batch.logits, self.teacher(batch), batch.y, self.settings.beta,
+                        self.settings.temperature)

@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from pydantic import Field
+
+from driftfl.common.settings import Settings
 
 from .distill import Distillation, kl_to_teacher
 
@@ -21,10 +24,18 @@ def not_true_kl(logits, teacher_logits, labels, tau: float) -> torch.Tensor:
                          drop_true_class(teacher_logits.detach(), labels), tau).mean()
 
 
+class NTDSettings(Settings):
+    beta: float = Field(1.0, ge=0)  # weight of the not-true distillation term
+    tau: float = Field(1.0, gt=0)  # temperature
+
+
 class NTD(Distillation):
-    def __init__(self, params, job=None):
-        super().__init__(params, job)
-        self.weight = float(params["beta"])
+    name = "ntd"
+    Settings = NTDSettings
+
+    def __init__(self, settings: NTDSettings, job=None):
+        super().__init__(settings, job)
+        self.weight = settings.beta
 
     def term(self, batch):
-        return not_true_kl(batch.logits, self.teacher(batch), batch.y, float(self.params["tau"]))
+        return not_true_kl(batch.logits, self.teacher(batch), batch.y, self.settings.tau)

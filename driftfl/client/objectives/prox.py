@@ -1,16 +1,38 @@
-"""FedProx: L = CE + mu * 1/2 ||w - w_G||^2, w_G the global weights the round started from."""
+"""FedProx: L = CE + mu * 1/2 ||w - w_G||^2, w_G the global weights the round started from.
+
+mu is declared here; the server's FedProx (Flower's) sends it as ``proximal-mu`` with every
+train message, and that is the value a client uses: one value, one path.
+"""
 
 from __future__ import annotations
 
 import torch
+from pydantic import Field
+
+from driftfl.common.protocol import CONFIG, PROXIMAL_MU
+from driftfl.common.settings import Settings, validated
 
 from .base import Batch, Objective
 
 
+class ProxSettings(Settings):
+    mu: float = Field(0.01, ge=0)  # weight of the proximal term
+
+
 class Prox(Objective):
-    def __init__(self, params, job=None):
-        super().__init__(params, job)
-        self.weight = float(params["mu"])
+    name = "prox"
+    Settings = ProxSettings
+    needs = frozenset({PROXIMAL_MU})
+
+    def __init__(self, settings: ProxSettings, job=None):
+        super().__init__(settings, job)
+        self.weight = settings.mu
+
+    @classmethod
+    def settings_from(cls, section, job=None) -> ProxSettings:
+        if job is None:  # no message: the section's own mu (unit tests)
+            return super().settings_from(section)
+        return validated(ProxSettings, {"mu": job.message.content[CONFIG][PROXIMAL_MU]})
 
     def prepare(self, model, x, y) -> None:
         self.trained = [p for p in model.parameters() if p.requires_grad]

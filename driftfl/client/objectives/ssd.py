@@ -1,19 +1,24 @@
-"""FedSSD: selective self-distillation, weighted by the credibility matrix (ALGORITHMS.md, FedSSD,
-reconstructed). With A the global model's row-normalised confusion on the server's auxiliary
+"""FedSSD: selective self-distillation, weighted by the credibility matrix (docs/algorithms.md,
+FedSSD, reconstructed). With A the global model's row-normalised confusion on the server's aux
 set, p_g = softmax(z_g) and psi(p) = 1 - sqrt(1 - p) (or the identity):
   w_c(x, y) = lam * A_cc * (1 - A_yc) * psi(p_g,y)   for c != y
   w_y(x, y) = lam * A_yy * psi(p_g,y)
   L_SSD = batch mean of sum_c w_c (z_g,c - z_c)^2;   L = CE + L_SSD.
 The ablation replaces the weights by the constant lam: plain MSE, or KL(p_g || p) (mse, kl).
+lam's default follows the class count: 0.1 / |Y| (the paper's 0.01 for 10 classes, 0.001 for 100).
 """
 
 from __future__ import annotations
 
+from typing import Literal
+
 import numpy as np
 import torch
 import torch.nn.functional as F
+from pydantic import Field
 
 from driftfl.common.protocol import CREDIBILITY
+from driftfl.common.settings import Settings
 
 from .distill import Distillation, kl_to_teacher
 
@@ -37,25 +42,38 @@ def ssd_loss(logits, global_logits, labels, credibility, lam: float, psi: str = 
     return (weights * (global_logits - logits) ** 2).sum(dim=1).mean()
 
 
+class SSDSettings(Settings):
+    lam: float | None = Field(None, ge=0)  # upper bound of every weight; None: 0.1 / |Y|
+    psi: Literal["sqrt", "identity"] = "sqrt"  # sample credibility psi(p_g,y)
+    distill_loss: Literal["selective", "mse", "kl"] = "selective"  # mse, kl: constant lam
+
+    def for_classes(self, num_classes: int) -> SSDSettings:
+        return self if self.lam is not None else self.model_copy(update={"lam": 0.1 / num_classes})
+
+
 class SSD(Distillation):
     """The teacher is the received global model; the loss is CE + the distillation term."""
 
-    def __init__(self, params, job=None):
-        super().__init__(params, job)
+    name = "ssd"
+    Settings = SSDSettings
+    needs = frozenset({CREDIBILITY})
+
+    def __init__(self, settings: SSDSettings, job=None):
+        super().__init__(settings, job)
         self.weight = 1.0  # lam is inside the weights (for mse/kl: their constant factor)
-        self.lam = float(params["lam"])
-        self.kind = str(params["distill_loss"])
+        self.kind = settings.distill_loss
 
     def prepare(self, model, x, y) -> None:
         super().prepare(model, x, y)
         matrix = self.job.message.content[CREDIBILITY]["matrix"].numpy()
         self.credibility = torch.from_numpy(np.array(matrix)).to(x.device)
+        self.lam = self.settings.for_classes(len(self.credibility)).lam
 
     def term(self, batch):
         teacher = self.teacher(batch)
         if self.kind == "selective":
             return ssd_loss(batch.logits, teacher, batch.y, self.credibility, self.lam,
-                            str(self.params["psi"]))
+                            self.settings.psi)
         if self.kind == "mse":
             return self.lam * ((teacher - batch.logits) ** 2).sum(dim=1).mean()
         return self.lam * kl_to_teacher(batch.logits, teacher, 1.0).mean()

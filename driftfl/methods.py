@@ -1,0 +1,114 @@
+"""Every method driftfl offers, by the name ``strategy=`` takes: one line each in METHODS.
+
+A method binds a server strategy (driftfl.strategies) to the local objective its clients run
+by default (driftfl.client.objectives), plus its YAML under conf/strategy/. Its settings, the
+``strategy`` section, are its strategy's settings and its objective's, each declared once in
+its own module; this is where the two halves meet, so the server can check a whole experiment
+(and build its strategy) before anything runs. The client and the strategies never import each
+other: they agree through driftfl.common, and the objective reads only its own settings.
+See docs/adding-a-method.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cache
+from typing import Any
+
+from pydantic import create_model
+
+from driftfl.client.objectives import OBJECTIVES
+from driftfl.common.config import ExperimentConfig, experiment_config
+from driftfl.common.errors import ConfigError, lookup
+from driftfl.common.settings import Named, Settings, validated
+from driftfl.strategies import (AGGREGATIONS, SELECTIONS, DriftStrategy, FedAvg, FedAvgM, FedCAD,
+                                FedCSD, FedGKD, FedProx, FedSSD)
+from driftfl.strategies.aux_set import AuxSet
+
+
+@dataclass(frozen=True)
+class Method:
+    strategy: type[DriftStrategy]  # the server side
+    objective: str  # the clients' local objective unless strategy.objective says otherwise
+
+
+METHODS: dict[str, Method] = {
+    "fedavg": Method(FedAvg, "ce"),
+    "fedprox": Method(FedProx, "prox"),
+    "fedavgm": Method(FedAvgM, "ce"),
+    "fednova": Method(FedAvg, "ce"),  # its yaml chooses aggregation=fednova
+    "fedcsd": Method(FedCSD, "csd"),
+    "fedlsd": Method(FedAvg, "lsd"),
+    "fedntd": Method(FedAvg, "ntd"),
+    "fedgkd": Method(FedGKD, "gkd"),
+    "fedssd": Method(FedSSD, "ssd"),
+    "fedcad": Method(FedCAD, "cad"),
+}
+
+
+class MethodHeader(Named):
+    objective: str
+
+
+@cache
+def method_schema(name: str, objective: str) -> type[Settings]:
+    """The ``strategy`` section of method ``name`` run with ``objective``: its name, its
+    objective, the objective's settings and the strategy's."""
+    strategy = METHODS[name].strategy
+    return create_model(f"{name}_{objective}_settings",
+                        __base__=(strategy.Settings, OBJECTIVES[objective].Settings, MethodHeader))
+
+
+SPEC = "docs/algorithms.md describes each"
+
+
+def method_settings(section: dict[str, Any]) -> Settings:
+    """The ``strategy`` section checked whole: the method, its objective and every setting."""
+    try:
+        method = lookup("strategy", section.get("name"), METHODS)
+        objective = section.setdefault("objective", method.objective)
+        lookup("objective", objective, OBJECTIVES)
+    except ConfigError as err:
+        raise ConfigError(f"{err} ({SPEC})") from None
+    missing = OBJECTIVES[objective].needs - method.strategy.provides
+    if missing:
+        raise ConfigError(f"objective '{objective}' needs {', '.join(sorted(missing))} from the "
+                          f"server, which strategy '{section['name']}' does not send ({SPEC})")
+    schema = method_schema(section["name"], objective)
+    # with another objective than the method's own, the own one's settings (from its yaml)
+    # are not used: leave them out rather than refuse them
+    unused = set(OBJECTIVES[method.objective].Settings.model_fields) - set(schema.model_fields)
+    return validated(schema, {k: v for k, v in section.items() if k not in unused}, "strategy.")
+
+
+@cache
+def _named(settings: type[Settings]) -> type[Settings]:
+    return create_model(f"named_{settings.__name__}", __base__=(settings, Named))
+
+
+def _part_settings(kind: str, table: dict[str, Any]):
+    """The check of a part's section (``aggregation``, ``selection``): its name in ``table``,
+    then the part's settings."""
+    def check(section: dict[str, Any]) -> Settings:
+        part = lookup(kind, section.get("name"), table)
+        return validated(_named(part.Settings), section, f"{kind}.")
+    return check
+
+
+SERVER_SECTIONS = {"strategy": method_settings,
+                   "aggregation": _part_settings("aggregation", AGGREGATIONS),
+                   "selection": _part_settings("selection", SELECTIONS)}
+
+
+def check_experiment(cfg: ExperimentConfig | dict[str, Any]) -> ExperimentConfig:
+    """The experiment checked whole, its server sections included; ConfigError names the
+    first problem."""
+    data = cfg.model_dump() if isinstance(cfg, ExperimentConfig) else dict(cfg)
+    checked = experiment_config(data)
+    return checked.model_copy(update={key: check(getattr(checked, key).model_dump())
+                                      for key, check in SERVER_SECTIONS.items()})
+
+
+def build_strategy(cfg: ExperimentConfig, model, aux_set: AuxSet | None = None) -> DriftStrategy:
+    """The strategy of a checked experiment (``check_experiment``)."""
+    return METHODS[cfg.strategy.name].strategy.from_config(cfg, model, aux_set)
