@@ -4,7 +4,7 @@ Every strategy runs the same experiment (the FedAvg CNN on all of Fashion-MNIST,
 training, Dirichlet(0.5), 1 local epoch, 4 rounds); printed per strategy, relative to FedAvg:
   - the steady training phase (median over rounds 2..4 of the time from sending the round's
     first message to the aggregated model: prototype exchanges, the clients' teacher passes and
-    the server's auxiliary-set evaluation are inside; central test evaluation is not);
+    the server's aux-set evaluation are inside; central test evaluation is not);
   - the steady whole round (central test evaluation included: teacher methods also test their
     teacher there, a diagnostic);
   - bytes per client per round, down (server -> client) and up.

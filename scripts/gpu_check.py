@@ -1,6 +1,6 @@
 """Check driftfl's GPU paths against the CPU: every local objective through the one training loop,
 central evaluation, the logit-shift probe, FedCSD's prototypes and mask, and the server's
-auxiliary set (FedSSD's credibility, FedCAD's class phi). Each runs on both devices from the same
+aux set (FedSSD's credibility, FedCAD's class phi). Each runs on both devices from the same
 start; the results must agree. Prints one line per check and exits 1 on any mismatch.
 
     python scripts/gpu_check.py          (on a machine with a CUDA GPU)
@@ -128,9 +128,9 @@ def main() -> None:
     arrays = {k: v.detach().numpy() for k, v in teacher.state_dict().items()}
     on = {d: AuxSet(x.to(d), y.to(d), model("mlp", seed=3).to(d), CLASSES)
           for d in ("cpu", "cuda")}
-    check("auxiliary confusion", np.allclose(on["cpu"].confusion(arrays),
+    check("aux set confusion", np.allclose(on["cpu"].confusion(arrays),
                                              on["cuda"].confusion(arrays)))
-    check("auxiliary class phi", np.allclose(on["cpu"].class_phi(arrays),
+    check("aux set class phi", np.allclose(on["cpu"].class_phi(arrays),
                                              on["cuda"].class_phi(arrays), atol=1e-5))
     print(f"{len(failures)} failed" if failures else "all GPU checks passed")
     sys.exit(1 if failures else 0)

@@ -122,7 +122,7 @@ def aux_indices(labels: np.ndarray, per_class: int, seed: int) -> np.ndarray:
     for c in np.unique(labels):
         members = np.flatnonzero(labels == c)
         if len(members) <= per_class:
-            raise ConfigError(f"the server's auxiliary set wants {per_class} samples of class {c}, "
+            raise ConfigError(f"the server's aux set wants {per_class} samples of class {c}, "
                               f"which has only {len(members)}; lower strategy.aux_per_class")
         chosen.append(rng.choice(members, size=per_class, replace=False))
     return np.sort(np.concatenate(chosen)) if chosen else np.zeros(0, dtype=np.int64)
