@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import itertools
 import sys
 from pathlib import Path
 
@@ -47,6 +48,40 @@ def _run_job(cfg) -> None:
         raise SystemExit(code)
 
 
+# Hydra flags that only show something: nothing runs, so nothing is checked first
+SHOWING = {"--help", "-h", "--hydra-help", "--info", "-i", "--cfg", "-c", "--shell-completion",
+           "-sc"}
+
+
+def refusal(args: list[str]) -> str | None:
+    """The first problem in these overrides, found before Hydra writes anything or prints its
+    own advice (`+roundz=3` for a typo): every combination of swept config groups is composed
+    and checked, a swept value at its first value. None when all is well, or when Hydra should
+    speak for itself (overrides it cannot parse, glob sweeps)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from driftfl.common.config import compose, conf_dir
+    from driftfl.common.errors import ConfigError
+    from driftfl.methods import check_experiment
+
+    words = [a for a in args if "=" in a and not a.startswith("-")]
+    try:
+        overrides = [o for o in OverridesParser.create().parse_overrides(words)
+                     if not o.key_or_group.startswith("hydra")]
+        options = [[f"{o.get_key_element()}={v}" for v in o.sweep_string_iterator()]
+                   if o.is_sweep_override() else [o.input_line] for o in overrides]
+    except Exception:
+        return None
+    options = [values if (conf_dir() / o.key_or_group).is_dir() else values[:1]
+               for o, values in zip(overrides, options)]
+    for combination in itertools.islice(itertools.product(*options), 100):
+        try:
+            check_experiment(compose(list(combination)))
+        except ConfigError as err:
+            return str(err)
+    return None
+
+
 def run(args: list[str]) -> None:
     import hydra
 
@@ -55,9 +90,12 @@ def run(args: list[str]) -> None:
 
     try:
         config_path = str(conf_dir())
+        problem = None if SHOWING & set(args) else refusal(args)
     except ConfigError as err:
-        print(f"driftfl: error: {err}", file=sys.stderr)
-        raise SystemExit(2) from None
+        problem = str(err)
+    if problem:
+        print(f"driftfl: error: {problem}", file=sys.stderr)
+        raise SystemExit(2)
     sys.argv = ["driftfl run", *args]
     hydra.main(config_path=config_path, config_name="config", version_base="1.3")(_run_job)()
 

@@ -34,6 +34,22 @@ def test_bad_value_exits_2_with_one_line_and_no_run(override, message, tmp_path,
     assert not (tmp_path / "run" / "superlink.log").exists()  # no Flower process was started
 
 
+@pytest.mark.parametrize("args, message", [
+    (["roundz=3"], "driftfl: error: unknown setting roundz; did you mean rounds?"),
+    (["strategy=fedcsd", "+strategy.muu=4"],
+     "driftfl: error: unknown setting strategy.muu; did you mean strategy.mu?"),
+    # a sweep is checked for every swept method before any job runs
+    (["-m", "strategy=fedntd,fedcsd", "strategy.tau=0,1"],
+     "driftfl: error: strategy.tau must be > 0, got 0"),
+])
+def test_unknown_keys_and_bad_sweeps_are_refused_before_anything_is_written(args, message,
+                                                                             tmp_path):
+    out = driftfl("run", *args, "hydra.run.dir=run", "hydra.sweep.dir=sweep", cwd=tmp_path)
+    assert out.returncode == 2
+    assert out.stderr.strip() == message
+    assert not (tmp_path / "run").exists() and not (tmp_path / "sweep").exists()
+
+
 def test_unknown_strategy_lists_the_valid_ones(tmp_path):
     out = driftfl("run", "strategy=fedfoo", cwd=tmp_path)
     assert out.returncode != 0
