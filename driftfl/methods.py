@@ -21,8 +21,8 @@ from driftfl.client.objectives import OBJECTIVES
 from driftfl.common.config import ExperimentConfig, experiment_config
 from driftfl.common.errors import ConfigError, lookup
 from driftfl.common.settings import Named, Settings, validated
-from driftfl.strategies import (AGGREGATIONS, SELECTIONS, DriftStrategy, FedAvg, FedAvgM, FedCAD,
-                                FedCSD, FedGKD, FedProx, FedSSD)
+from driftfl.strategies import (AGGREGATIONS, DCFL, SELECTIONS, DriftStrategy, FedAvg, FedAvgM,
+                                FedCAD, FedCSD, FedGKD, FedProx, FedSSD)
 from driftfl.strategies.aux_set import AuxSet
 
 
@@ -43,6 +43,8 @@ METHODS: dict[str, Method] = {
     "fedgkd": Method(FedGKD, "gkd"),
     "fedssd": Method(FedSSD, "ssd"),
     "fedcad": Method(FedCAD, "cad"),
+    "feddisco": Method(FedAvg, "ce"),  # its yaml chooses aggregation=feddisco
+    "dcfl": Method(DCFL, "ce"),  # its yaml chooses selection=cka
 }
 
 
@@ -105,8 +107,17 @@ def check_experiment(cfg: ExperimentConfig | dict[str, Any]) -> ExperimentConfig
     first problem."""
     data = cfg.model_dump() if isinstance(cfg, ExperimentConfig) else dict(cfg)
     checked = experiment_config(data)
-    return checked.model_copy(update={key: check(getattr(checked, key).model_dump())
-                                      for key, check in SERVER_SECTIONS.items()})
+    checked = checked.model_copy(update={key: check(getattr(checked, key).model_dump())
+                                         for key, check in SERVER_SECTIONS.items()})
+    strategy = METHODS[checked.strategy.name].strategy
+    missing = SELECTIONS[checked.selection.name].needs - strategy.provides
+    if missing:
+        offer = sorted(name for name, method in METHODS.items()
+                       if missing <= method.strategy.provides)
+        raise ConfigError(f"selection={checked.selection.name} needs what only strategy="
+                          f"{' / '.join(offer)} provides ({', '.join(sorted(missing))}); with "
+                          f"strategy={checked.strategy.name} use selection=uniform ({SPEC})")
+    return checked
 
 
 def build_strategy(cfg: ExperimentConfig, model, aux_set: AuxSet | None = None) -> DriftStrategy:

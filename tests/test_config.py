@@ -75,7 +75,7 @@ def test_required_settings_must_be_given():
      r"classes_per_client must be in 1..10, got 0"),
     ("num_clients=200 dataset.subset=100", "num_clients=200 is more than the 100 training"),
     ("dataset.subset=0", "dataset.subset must be >= 1, got 0"),
-    ("strategy.name=fedfoo", "unknown strategy 'fedfoo'; valid: fedavg, fedavgm, fedcad, fedcsd"),
+    ("strategy.name=fedfoo", "unknown strategy 'fedfoo'; valid: dcfl, fedavg, fedavgm, fedcad, fedcsd"),
     ("strategy.objective=kd", "unknown objective 'kd'; valid: cad, ce, csd, gkd, lsd, ntd, prox, ssd"),
     ("strategy=fedprox strategy.mu=-1", "strategy.mu must be >= 0, got -1"),
     ("strategy=fedavgm strategy.server_momentum=1.0",
@@ -100,8 +100,8 @@ def test_required_settings_must_be_given():
     ("strategy=fedcad strategy.alpha_source=test", "unknown strategy.alpha_source 'test'"),
     ("model.name=vgg", "unknown model 'vgg'; valid: cnn, lenet5, mlp, resnet18"),
     ("model=mlp model.hidden=[8,0]", "model.hidden.1 must be >= 1, got 0"),
-    ("aggregation.name=krum", "unknown aggregation 'krum'; valid: fednova, mean"),
-    ("selection.name=cka", "unknown selection 'cka'; valid: uniform"),
+    ("aggregation.name=krum", "unknown aggregation 'krum'; valid: feddisco, fednova, mean"),
+    ("selection.name=random", "unknown selection 'random'; valid: cka, uniform"),
     ("dataset.name=imagenet", "unknown dataset 'imagenet'; valid: cifar10, cifar100, emnist, fmnist"),
 ])
 def test_bad_settings_are_refused_with_a_clear_message(override, message, fmnist_available):

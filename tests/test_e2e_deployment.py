@@ -82,6 +82,24 @@ def test_superlink_and_two_supernodes_train_two_rounds_of_fedcsd(tmp_path, fmnis
         data.train_y[10000:11500], minlength=10).tolist()
 
 
+def test_dcfl_condenses_and_exchanges_through_real_supernodes(tmp_path, fmnist_available):
+    """DCFL: the pre-training query, condensed sets up and complementary images down, with the
+    server's store as the only memory (each message runs in a fresh client process)."""
+    run_dir = tmp_path / "run"
+    with deployment(["partition-id=0 num-partitions=2", "partition-id=1 num-partitions=2"],
+                    tmp_path) as run:
+        out = run("strategy=dcfl model=mlp dataset.subset=4000 dataset.test_subset=2000 "
+                  "num_clients=2 rounds=2 node_wait=120 strategy.condense_iterations=20", run_dir)
+    assert (run_dir / "summary.json").is_file(), out.stdout[-3000:] + out.stderr[-3000:]
+    assert "condensed images can reveal" in out.stdout
+    rows = json.loads((run_dir / "metrics.json").read_text())["rounds"]
+    assert rows[-1]["test_accuracy"] > rows[0]["test_accuracy"] + 0.3, rows
+    assert rows[1]["explored_total"] == 2 and rows[1]["pretrain_accuracy"] > 0.1
+    assert rows[2]["condensed_bytes_sent"] > 0 and rows[2]["rejected"] == 0
+    assert sorted(p.name for p in (run_dir / "images").iterdir()) == ["client_0.png",
+                                                                      "client_1.png"]
+
+
 def test_a_node_whose_folder_has_no_images_stops_the_run_before_training(tmp_path,
                                                                          fmnist_available):
     (tmp_path / "empty" / "0").mkdir(parents=True)

@@ -119,6 +119,19 @@ def test_sweep_runs_every_method_in_its_own_directory(tmp_path, fmnist_available
         known = [a for a in row["class_alpha"] if a is not None]
         assert known and all(0.25 <= a <= 0.5 for a in known)
 
+    # DCFL: pre-trained on condensed sets, every client explored by round 1 (fraction 1.0),
+    # complementary images sent in round 2, the condensed sets and the CKA matrix kept
+    dcfl = rows["dcfl"]
+    assert 0.1 < dcfl[1]["pretrain_accuracy"] < 1 and dcfl[1]["explored_total"] == 4
+    assert dcfl[1]["condensed_bytes_received"] > 0 and dcfl[2]["condensed_bytes_sent"] > 0
+    assert dcfl[2]["exploited"] and dcfl[2]["bytes_sent"] > avg[2]["bytes_sent"]
+    assert sorted(p.name for p in (jobs["dcfl"] / "images").iterdir()) == [
+        f"client_{i}.png" for i in range(4)]
+    with np.load(jobs["dcfl"] / "cka.npz") as matrices:
+        cka = matrices["round_2"]
+        assert cka.shape == (4, 4) and np.allclose(np.diag(cka), 1) and np.allclose(cka, cka.T)
+    assert (jobs["dcfl"] / "cka.png").is_file()
+
 
 def test_plain_flwr_run_reads_the_same_conf_tree(tmp_path, fmnist_available):
     """What a user of Flower's own CLI does: flwr run . <connection> --run-config ..."""

@@ -66,7 +66,7 @@ def test_every_method_composes_validates_and_trains_one_round(name, fmnist_avail
                           102: {"partition-id": 1, "num-partitions": 2}})
     record = ConfigRecord({EXPERIMENT: cfg.to_json(), DATASET_META: experiment.meta.to_json()})
     clients = survey_clients(grid, record, 2, node_wait=5, timeout=60)
-    strategy.node_rank = {c["node_id"]: c["partition_id"] for c in clients}
+    strategy.meet(clients)
     initial = {k: v.detach().numpy().copy() for k, v in model.state_dict().items()}
     from driftfl.common.protocol import model_to_arrays
 

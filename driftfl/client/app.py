@@ -1,18 +1,20 @@
-"""The ClientApp: answers ``train``, ``evaluate`` and the queries of the data survey and of
-FedCSD's prototype phase."""
+"""The ClientApp: answers ``train``, ``evaluate`` and the queries of the data survey, of
+FedCSD's prototype phase and of DCFL's pre-training stage."""
 
 from __future__ import annotations
 
 import numpy as np
 import torch
-from flwr.app import Context, Message, MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from driftfl.common.evaluation import evaluate as evaluate_model
-from driftfl.common.protocol import (ARRAYS, CONFIG, CSD_PROTOTYPES, DATA_SUMMARY,
+from driftfl.common.protocol import (ARRAYS, CLASSIFIER, CONDENSE, CONDENSE_SECONDS, CONDENSED,
+                                     CONFIG, CSD_PROTOTYPES, DATA_SUMMARY, DCFL_CONDENSE,
                                      LABEL_HISTOGRAM, LOCAL_STEPS, METHOD, METRICS, NUM_EXAMPLES,
                                      PARTITION_ID, PROTOTYPES, TRAIN_LOSS, model_to_arrays)
 
+from .dcfl import DCFLClient, is_dcfl, received_images, to_record
 from .job import ClientJob
 from .objectives import build_objective
 from .objectives.csd import prototype_reply
@@ -40,16 +42,25 @@ def train(msg: Message, context: Context) -> Message:
     probe_x = x[probe[: exp.logit_shift_samples].to(x.device)]
     global_logits = logits_of(model, probe_x)
 
-    settings = TrainSettings(exp.local_epochs, exp.batch_size, exp.lr, exp.momentum,
-                             exp.weight_decay)
-    stats = train_locally(model, x, y, settings, objective,
-                          torch.Generator().manual_seed(_seed(job, 0)))
+    generator = torch.Generator().manual_seed(_seed(job, 0))
+    records, extra = {}, {}
+    if not is_dcfl(msg):
+        settings = TrainSettings(exp.local_epochs, exp.batch_size, exp.lr, exp.momentum,
+                                 exp.weight_decay)
+        stats = train_locally(model, x, y, settings, objective, generator)
+    else:  # DCFL: condense if asked, then the local and the fine-tuning stage
+        dcfl = DCFLClient.of(job)
+        if msg.content[CONFIG][CONDENSE]:
+            images, labels, seconds = dcfl.condense(
+                x, y, torch.Generator().manual_seed(_seed(job, 2)))
+            records[CONDENSED], extra[CONDENSE_SECONDS] = to_record(images, labels), seconds
+        stats = dcfl.train(model, x, y, objective, generator, received_images(msg, job))
     metrics = MetricRecord({NUM_EXAMPLES: stats.num_examples, LOCAL_STEPS: stats.steps,
                             TRAIN_LOSS: stats.mean_loss,
                             "logit-shift": logit_shift(global_logits, model, probe_x),
-                            **objective.diagnostics()})
+                            **objective.diagnostics(), **extra})
     return Message(RecordDict({ARRAYS: model_to_arrays(model), METRICS: metrics,
-                               **objective.reply_records()}), reply_to=msg)
+                               **objective.reply_records(), **records}), reply_to=msg)
 
 
 @app.evaluate()
@@ -79,3 +90,20 @@ def csd_prototypes(msg: Message, context: Context) -> Message:
     prototypes, n = prototype_reply(ClientJob.from_message(msg, context))
     return Message(RecordDict({PROTOTYPES: prototypes, METRICS: MetricRecord({NUM_EXAMPLES: n})}),
                    reply_to=msg)
+
+
+@app.query(DCFL_CONDENSE)
+def dcfl_condense(msg: Message, context: Context) -> Message:
+    """DCFL's pre-training request: condense this node's data, train E_c epochs from the
+    received model on the local data, and return the condensed set and the classifier."""
+    job = ClientJob.from_message(msg, context)
+    dcfl = DCFLClient.of(job)
+    x, y = job.tensors()
+    images, labels, seconds = dcfl.condense(x, y, torch.Generator().manual_seed(_seed(job, 2)))
+    model = job.model(ARRAYS)
+    objective = build_objective("ce", {}, job)
+    dcfl.train(model, x, y, objective, torch.Generator().manual_seed(_seed(job, 0)), None)
+    classifier = ArrayRecord({"weight": Array(model.head.weight.detach().cpu().numpy())})
+    metrics = MetricRecord({NUM_EXAMPLES: len(y), CONDENSE_SECONDS: seconds})
+    return Message(RecordDict({CONDENSED: to_record(images, labels), CLASSIFIER: classifier,
+                               METRICS: metrics}), reply_to=msg)

@@ -56,6 +56,18 @@ CLASS_PHI = "class-phi"  # FedCAD with alpha_source=aux: arrays "phi" (C,), E_{x
 # "prototypes" record holds "prototypes" (C, C) mean teacher logits per class and "counts" (C,)
 CSD_PROTOTYPES = "csd_prototypes"
 
+# DCFL (condensed data). Train config key "condense": True asks the node to condense its data
+# and reply with it (it is not yet explored), False not to; its presence marks a DCFL round.
+CONDENSE = "condense"
+# record "condensed": arrays "images" (N, C, H, W) float32 and "labels" (N,) int64; in a train
+# message the complementary group's images to fine-tune on, in a reply the node's own set
+CONDENSED = "condensed"
+# the pre-training request "query.dcfl_condense" (global model w^0 in "arrays"): the node
+# condenses, trains E_c epochs and replies "condensed" and "classifier" (array "weight" (C, d))
+DCFL_CONDENSE = "dcfl_condense"
+CLASSIFIER = "classifier"
+CONDENSE_SECONDS = "condense-seconds"  # reply metric: the node's condensation time
+
 
 @dataclass(frozen=True)
 class DatasetMeta:

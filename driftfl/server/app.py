@@ -69,7 +69,7 @@ def run_experiment(grid: Grid, experiment: Experiment, run_dir: Path, run_id: in
 
     clients = survey_clients(metered, experiment_record, cfg.num_clients, cfg.node_wait,
                              cfg.round_timeout)
-    strategy.node_rank = {c["node_id"]: c["partition_id"] for c in clients}
+    strategy.meet(clients)
     title = (f"{cfg.strategy.name} on {cfg.dataset.name}, {describe(cfg.partition)}, "
              f"{len(clients)} clients, {cfg.model.name}")
     print(console.partition_table(clients, list(experiment.data.classes), title), flush=True)
@@ -137,6 +137,7 @@ class RoundEvaluator:
         x, y = to_tensors(data.test_x, data.test_y, data.mean, data.std)
         self.x, self.y = x.to(cfg.device), y.to(cfg.device)
         self.num_classes = data.num_classes
+        self.mean, self.std = data.mean, data.std
         self.round_started = time.perf_counter()
 
     def accuracy_of(self, arrays: dict[str, np.ndarray]) -> float:
@@ -157,6 +158,7 @@ class RoundEvaluator:
                 row[k.replace("-", "_")] = v
             row.update(self.strategy.server_metrics(self.accuracy_of))
             self.recorder.add_arrays(server_round, self.strategy.round_arrays())
+            self.recorder.add_images(self.strategy.round_images(), self.mean, self.std)
         now = time.perf_counter()  # diagnostics above count as evaluation, not training
         sent, received = self.grid.take()
         row.update({"seconds": now - self.round_started,

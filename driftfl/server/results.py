@@ -54,6 +54,8 @@ def _flat_row(row: dict) -> dict:
         if isinstance(value, list):
             stem = "acc_class" if key == "per_class_accuracy" else key
             flat.update({f"{stem}_{i}": v for i, v in enumerate(value)})
+        elif isinstance(value, dict):  # condense_seconds -> condense_seconds_client_3, ...
+            flat.update({f"{key}_{k}": v for k, v in value.items()})
         else:
             flat[key] = value
     return flat
@@ -107,6 +109,13 @@ class RunRecorder:
             self.arrays.setdefault(name, {})[f"round_{server_round}"] = np.asarray(value)
             np.savez_compressed(self.dir / f"{name}.npz", **self.arrays[name])
 
+    def add_images(self, images: dict[str, tuple[np.ndarray, np.ndarray]], mean, std) -> None:
+        """Image sets (DCFL's condensed sets) as PNG grids under images/, a row per class."""
+        for name, (x, y) in images.items():
+            folder = self.dir / "images"
+            folder.mkdir(exist_ok=True)
+            plot_image_grid(x, y, mean, std, folder / f"{name}.png", name)
+
     def finish(self, model: torch.nn.Module, summary: dict, title: str) -> None:
         torch.save(model.state_dict(), self.dir / "model.pt")
         self._write_json("metrics.json", {"rounds": self.rows, "summary": summary})
@@ -114,6 +123,37 @@ class RunRecorder:
         plot_accuracy(self.rows, self.dir / "accuracy.png", title)
         for name, by_round in self.arrays.items():
             plot_heatmaps(by_round, self.dir / f"{name}.png", name)
+
+
+AXES = {"credibility": ("predicted class", "true class"), "cka": ("client", "client")}
+
+
+def plot_image_grid(x: np.ndarray, y: np.ndarray, mean, std, path: Path, title: str) -> None:
+    """Normalised images (N, C, H, W) shown as they look, tiled one row per label."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    pixels = x * np.asarray(std)[None, :, None, None] + np.asarray(mean)[None, :, None, None]
+    pixels = np.clip(pixels.transpose(0, 2, 3, 1), 0, 1)  # N, H, W, C
+    labels = sorted(set(y.tolist()))
+    rows = [np.flatnonzero(y == label) for label in labels]
+    n, h, w, c = pixels.shape
+    width = max(len(r) for r in rows)
+    canvas = np.ones(((h + 2) * len(rows), (w + 2) * width, c))  # white 2-pixel gaps
+    for r, members in enumerate(rows):
+        for col, i in enumerate(members):
+            canvas[r * (h + 2):r * (h + 2) + h, col * (w + 2):col * (w + 2) + w] = pixels[i]
+    fig, ax = plt.subplots(figsize=(max(3.0, width * 0.6), len(rows) * 0.6 + 0.6))
+    ax.imshow(canvas[..., 0] if c == 1 else canvas, cmap="gray", vmin=0, vmax=1)
+    ax.set_yticks([r * (h + 2) + h / 2 for r in range(len(rows))],
+                  [f"class {label}" for label in labels], fontsize=7)
+    ax.set_xticks([])
+    ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
 
 
 def plot_heatmaps(by_round: dict[str, np.ndarray], path: Path, name: str) -> None:
@@ -128,8 +168,8 @@ def plot_heatmaps(by_round: dict[str, np.ndarray], path: Path, name: str) -> Non
     fig, axes = plt.subplots(1, len(shown), figsize=(5 * len(shown), 4.4), squeeze=False)
     for ax, key in zip(axes[0], shown):
         image = ax.imshow(by_round[key], vmin=0, vmax=1, cmap="viridis")
-        ax.set(title=f"{name}, round {key.split('_')[1]}", xlabel="predicted class",
-               ylabel="true class")
+        x_label, y_label = AXES.get(name, ("", ""))
+        ax.set(title=f"{name}, round {key.split('_')[1]}", xlabel=x_label, ylabel=y_label)
         fig.colorbar(image, ax=ax, fraction=0.046)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

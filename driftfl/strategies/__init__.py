@@ -5,6 +5,7 @@ from __future__ import annotations
 from .aggregation import Aggregation
 from .base import DriftStrategy, StrategySettings
 from .baselines import FedAvg, FedAvgM, FedProx
+from .dcfl import DCFL
 from .fedcad import FedCAD
 from .fedcsd import FedCSD
 from .fednova import FedNovaAggregation
@@ -13,6 +14,6 @@ from .parts import AGGREGATIONS, SELECTIONS
 from .selection import Selection
 from .teacher import FedGKD
 
-__all__ = ["AGGREGATIONS", "SELECTIONS", "Aggregation", "DriftStrategy", "FedAvg", "FedAvgM",
+__all__ = ["AGGREGATIONS", "DCFL", "SELECTIONS", "Aggregation", "DriftStrategy", "FedAvg", "FedAvgM",
            "FedCAD", "FedCSD", "FedGKD", "FedNovaAggregation", "FedProx", "FedSSD", "Selection",
            "StrategySettings"]

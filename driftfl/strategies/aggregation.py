@@ -124,6 +124,10 @@ class Aggregation:
     def from_config(cls, cfg: ExperimentConfig, model: nn.Module) -> Aggregation:
         return cls()
 
+    def meet(self, clients: list[dict]) -> None:
+        """What the data survey found (node_id, partition_id, num_examples, label_histogram
+        per client), before the first round; FedDisco keeps the histograms."""
+
     def reject(self, update: ClientUpdate) -> str | None:
         """Why this rule cannot use a reply that passed the common checks (None: it can)."""
         return None

@@ -38,7 +38,7 @@ from driftfl.common.settings import Settings
 from .aggregation import (Aggregation, ClientUpdate, check_reply, example_weights, mean_metrics,
                           to_numpy, to_record)
 from .parts import AGGREGATIONS, SELECTIONS
-from .selection import Selection
+from .selection import ExploredClients, Selection
 
 if TYPE_CHECKING:
     from .aux_set import AuxSet
@@ -102,22 +102,38 @@ class DriftStrategy(FedAvg):
                        fraction_train=cfg.fraction, fraction_evaluate=cfg.fraction_evaluate,
                        min_train_nodes=1, min_evaluate_nodes=0,
                        min_available_nodes=cfg.num_clients,
-                       **cls.arguments(cfg.strategy, model=model, aux_set=aux_set))
+                       **cls.arguments(cfg.strategy, model=model, aux_set=aux_set,
+                                       experiment=cfg))
         finally:
             flwr_logger.setLevel(level)
 
     @classmethod
-    def arguments(cls, settings: Any, *, model: nn.Module,
-                  aux_set: AuxSet | None) -> dict[str, Any]:
-        """This class's own constructor arguments, from the method's checked settings."""
+    def arguments(cls, settings: Any, *, model: nn.Module, aux_set: AuxSet | None,
+                  experiment: ExperimentConfig) -> dict[str, Any]:
+        """This class's own constructor arguments, from the method's checked settings (and the
+        experiment's, for the few a strategy needs: the seed, ...)."""
         return {}
+
+    def meet(self, clients: list[dict]) -> None:
+        """What the data survey found, before the first round: each client's node_id,
+        partition_id, num_examples and label_histogram."""
+        self.node_rank = {c["node_id"]: c["partition_id"] for c in clients}
+        self.aggregation.meet(clients)
 
     # -- which clients train -------------------------------------------------------------
     def sample(self, server_round: int, grid: Grid) -> list[int]:
         """floor(fraction * nodes) clients (at least min_train_nodes), chosen by the selection."""
         nodes = sorted(wait_for_nodes(grid, self.min_available_nodes), key=self.rank)
-        count = max(self.min_train_nodes, math.floor(len(nodes) * self.fraction_train + 1e-9))
-        return self.selection.select(server_round, nodes, min(count, len(nodes)))
+        return self.selection.select(server_round, nodes, self.train_count(len(nodes)),
+                                     self.explored_clients())
+
+    def train_count(self, available: int) -> int:
+        count = max(self.min_train_nodes, math.floor(available * self.fraction_train + 1e-9))
+        return min(count, available)
+
+    def explored_clients(self) -> ExploredClients | None:
+        """What the strategy knows of the clients, for a selection that needs it (DCFL)."""
+        return None
 
     def rank(self, node: int) -> tuple[float, int]:
         """A node's place in every ordering: its partition id, then its node id."""
@@ -157,7 +173,7 @@ class DriftStrategy(FedAvg):
         for msg in self.in_node_order(replies):
             checked = check_reply(msg, self.global_arrays)
             if not isinstance(checked, str):
-                checked = self.aggregation.reject(checked) or checked
+                checked = self.reject(checked) or checked
             if isinstance(checked, str):
                 node = msg.metadata.src_node_id
                 rejected.append(f"node {node}: {checked}")
@@ -167,6 +183,10 @@ class DriftStrategy(FedAvg):
         self.report = RoundReport(clients=len(updates), rejected=rejected)
         self.last_updates = updates
         return updates
+
+    def reject(self, update: ClientUpdate) -> str | None:
+        """Why a reply that passed the common checks cannot be used (None: it can)."""
+        return self.aggregation.reject(update)
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]
                         ) -> tuple[ArrayRecord | None, MetricRecord | None]:
@@ -188,6 +208,10 @@ class DriftStrategy(FedAvg):
 
     def round_arrays(self) -> dict[str, "np.ndarray"]:
         """Arrays the run directory keeps for every round (FedSSD's credibility matrix, ...)."""
+        return {}
+
+    def round_images(self) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+        """Image sets (images, labels) to show as PNG grids, by name (DCFL's condensed sets)."""
         return {}
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]

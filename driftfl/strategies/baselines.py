@@ -28,7 +28,7 @@ class FedProx(FlowerFirst, flwr_strategy.FedProx, DriftStrategy):
     provides = frozenset({PROXIMAL_MU})
 
     @classmethod
-    def arguments(cls, settings, *, model, aux_set):
+    def arguments(cls, settings, *, model, aux_set, **_):
         return {"proximal_mu": settings.mu if settings.objective == "prox" else 0.0}
 
 
@@ -43,7 +43,7 @@ class FedAvgM(FlowerFirst, flwr_strategy.FedAvgM, DriftStrategy):
     Settings = FedAvgMSettings
 
     @classmethod
-    def arguments(cls, settings, *, model, aux_set):
+    def arguments(cls, settings, *, model, aux_set, **_):
         return {"server_learning_rate": settings.server_lr,
                 "server_momentum": settings.server_momentum}
 

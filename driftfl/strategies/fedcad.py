@@ -30,7 +30,7 @@ class FedCAD(DriftStrategy):
         self.aux_set = aux_set  # None: the clients estimate E_{x|y}[phi] themselves
 
     @classmethod
-    def arguments(cls, settings, *, model, aux_set):
+    def arguments(cls, settings, *, model, aux_set, **_):
         return {"aux_set": aux_set}
 
     def knowledge(self, server_round: int) -> dict:

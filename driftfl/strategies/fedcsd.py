@@ -76,7 +76,7 @@ class FedCSD(EMATeacher):
         self.num_classes = num_classes
 
     @classmethod
-    def arguments(cls, settings, *, model, aux_set):
+    def arguments(cls, settings, *, model, aux_set, **_):
         return {"alpha": settings.alpha if settings.tma else 0.0,
                 "one_exchange": settings.prototypes == "previous",
                 "num_classes": model.head.out_features}

@@ -21,7 +21,7 @@ class FedSSD(DriftStrategy):
         self.aux_set = aux_set
 
     @classmethod
-    def arguments(cls, settings, *, model, aux_set):
+    def arguments(cls, settings, *, model, aux_set, **_):
         return {"aux_set": aux_set}
 
     def knowledge(self, server_round: int) -> dict:

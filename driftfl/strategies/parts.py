@@ -4,8 +4,10 @@
 from __future__ import annotations
 
 from .aggregation import Aggregation
+from .feddisco import FedDiscoAggregation
 from .fednova import FedNovaAggregation
-from .selection import Selection
+from .selection import CKASelection, Selection
 
-AGGREGATIONS: dict[str, type[Aggregation]] = {"mean": Aggregation, "fednova": FedNovaAggregation}
-SELECTIONS: dict[str, type[Selection]] = {"uniform": Selection}
+AGGREGATIONS: dict[str, type[Aggregation]] = {
+    "mean": Aggregation, "fednova": FedNovaAggregation, "feddisco": FedDiscoAggregation}
+SELECTIONS: dict[str, type[Selection]] = {"uniform": Selection, "cka": CKASelection}

@@ -91,7 +91,7 @@ class FedGKD(TeacherStrategy):
         self.buffer_size = buffer_size
 
     @classmethod
-    def arguments(cls, settings, *, model, aux_set):
+    def arguments(cls, settings, *, model, aux_set, **_):
         return {"buffer_size": settings.buffer_size}
 
     def start_teacher(self) -> None:

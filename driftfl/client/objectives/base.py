@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
@@ -12,6 +11,7 @@ from torch import nn
 
 from driftfl.common.errors import lookup
 from driftfl.common.settings import NoSettings, Settings, validated
+from driftfl.common.training import Batch  # noqa: F401  (objectives import it from here)
 
 if TYPE_CHECKING:
     from driftfl.client.job import ClientJob
@@ -19,15 +19,6 @@ if TYPE_CHECKING:
 # every objective by the name a train message's ``method`` key carries; a subclass that sets
 # ``name`` registers itself here
 OBJECTIVES: dict[str, type[Objective]] = {}
-
-
-@dataclass(frozen=True)
-class Batch:
-    x: torch.Tensor
-    y: torch.Tensor
-    features: torch.Tensor  # the model's features (input to its linear head), with gradient
-    logits: torch.Tensor  # the model's logits, with gradient
-    index: torch.Tensor  # positions of the batch's samples in the client's local data
 
 
 class Objective:

@@ -1,0 +1,112 @@
+"""DCFL on a client: condense the local data when the server asks, and train in two stages,
+E_c epochs on the local data (the experiment's local_epochs, lr, batch_size), then E_s epochs
+on the condensed images the server sent (finetune_epochs, finetune_lr, finetune_batch_size),
+with DSA augmentation on both when ``dsa`` is on. Both stages run the one training loop with
+the method's own objective (FedProx's proximal term keeps its anchor at the global model).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from flwr.app import Array, ArrayRecord, Message
+
+from driftfl.common.augment import SiameseAugment, parse_transforms
+from driftfl.common.condensation import CondensationSettings, condensation_settings
+from driftfl.common.models import build_model
+from driftfl.common.protocol import CONDENSE, CONDENSED, CONFIG
+from driftfl.common.training import TrainSettings, TrainStats, train_locally
+
+from .condense import CondenseConfig, condense, progress_line
+from .job import ClientJob
+
+
+def is_dcfl(msg: Message) -> bool:
+    return CONDENSE in msg.content[CONFIG]
+
+
+def received_images(msg: Message, job: ClientJob) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The condensed images a train message carries, checked (None when it carries none)."""
+    if CONDENSED not in msg.content.array_records:
+        return None
+    record = msg.content.array_records[CONDENSED]
+    images, labels = record["images"].numpy(), record["labels"].numpy()
+    n = len(labels)
+    if (images.dtype != np.float32 or images.shape != (n, *job.meta.shape)
+            or labels.dtype != np.int64 or labels.shape != (n,)):
+        raise ValueError("condensed images do not match this dataset's shape and classes")
+    if not np.isfinite(images).all() or ((labels < 0) | (labels >= job.num_classes)).any():
+        raise ValueError("condensed images hold NaN/inf values or unknown labels")
+    return torch.from_numpy(images.copy()), torch.from_numpy(labels.copy())
+
+
+def to_record(images: torch.Tensor, labels: torch.Tensor) -> ArrayRecord:
+    return ArrayRecord({"images": Array(images.detach().cpu().numpy().astype(np.float32)),
+                        "labels": Array(labels.detach().cpu().numpy().astype(np.int64))})
+
+
+@dataclass
+class DCFLClient:
+    settings: CondensationSettings
+    job: ClientJob
+
+    @classmethod
+    def of(cls, job: ClientJob) -> DCFLClient:
+        return cls(condensation_settings(job.experiment.strategy.model_dump()), job)
+
+    @property
+    def augment(self) -> SiameseAugment | None:
+        s = self.settings
+        return SiameseAugment(parse_transforms(s.dsa_transforms)) if s.dsa else None
+
+    def condense(self, x: torch.Tensor, y: torch.Tensor,
+                 generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, float]:
+        """This node's condensed set, with a progress line every ``log_every`` iterations."""
+        s, job = self.settings, self.job
+        config = CondenseConfig(method=s.condensation, ipc=s.ipc,
+                                iterations=s.condense_iterations, lr=s.condense_lr,
+                                real_per_class=s.condense_batch, outer_loop=s.dc_outer_loop,
+                                inner_loop=s.dc_inner_loop, net_lr=s.dc_net_lr,
+                                log_every=max(1, s.condense_iterations // 4))
+        augment = (SiameseAugment(parse_transforms(s.dsa_transforms))
+                   if s.condensation != "dc" else None)
+        client = job.data.partition_id
+
+        def progress(iteration: int, loss: float, seconds: float) -> None:
+            print(progress_line(client, iteration, s.condense_iterations, loss, seconds),
+                  flush=True)
+
+        started = time.perf_counter()
+        images, labels = condense(
+            x, y, job.num_classes, config,
+            make_network=lambda: build_model(job.experiment.model, job.meta.shape,
+                                             job.num_classes).to(x.device),
+            augment=augment, generator=generator, progress=progress)
+        return images, labels, time.perf_counter() - started
+
+    def train(self, model, x, y, objective, generator: torch.Generator,
+              received: tuple[torch.Tensor, torch.Tensor] | None) -> TrainStats:
+        """E_c epochs on the local data, then E_s on the received images (or, with
+        condensed_use=mix, one stage on both); returns the combined steps and mean loss."""
+        exp, s = self.job.experiment, self.settings
+        local = TrainSettings(exp.local_epochs, exp.batch_size, exp.lr, exp.momentum,
+                              exp.weight_decay)
+        if received is not None:
+            received = (received[0].to(x.device), received[1].to(x.device))
+        if received is not None and s.condensed_use == "mix":
+            first = train_locally(model, torch.cat([x, received[0]]), torch.cat([y, received[1]]),
+                                  local, objective, generator, augment=self.augment)
+            return TrainStats(first.steps, first.mean_loss, len(y))
+        first = train_locally(model, x, y, local, objective, generator, augment=self.augment)
+        if received is None or not s.finetune_epochs or not len(received[1]):
+            return first
+        tune = TrainSettings(s.finetune_epochs, s.finetune_batch_size, s.finetune_lr,
+                             exp.momentum, exp.weight_decay)
+        second = train_locally(model, *received, tune, objective, generator,
+                               augment=self.augment, prepare=False)
+        seen = (first.steps, second.steps)
+        mean = (first.mean_loss * seen[0] + second.mean_loss * seen[1]) / max(sum(seen), 1)
+        return TrainStats(sum(seen), mean, len(y))

@@ -1,0 +1,99 @@
+"""The one training loop every model is trained with: batches -> forward -> objective -> step.
+
+Clients run it with their method's objective (driftfl.client.objectives); DCFL's server runs it
+with plain cross-entropy to pre-train the initial model on condensed images. An optional
+``augment`` (DSA, driftfl.common.augment) transforms each batch before the forward pass.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass(frozen=True)
+class Batch:
+    x: torch.Tensor
+    y: torch.Tensor
+    features: torch.Tensor  # the model's features (input to its linear head), with gradient
+    logits: torch.Tensor  # the model's logits, with gradient
+    index: torch.Tensor  # positions of the batch's samples in the training data
+
+
+class LocalObjective(Protocol):
+    def prepare(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> None: ...
+
+    def loss(self, batch: Batch) -> torch.Tensor: ...
+
+
+class CrossEntropy:
+    """Plain cross-entropy (what a client's ``ce`` objective is, without its registry)."""
+
+    def prepare(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> None:
+        pass
+
+    def loss(self, batch: Batch) -> torch.Tensor:
+        return F.cross_entropy(batch.logits, batch.y)
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    epochs: int
+    batch_size: int
+    lr: float
+    momentum: float
+    weight_decay: float
+
+
+@dataclass(frozen=True)
+class TrainStats:
+    steps: int
+    mean_loss: float
+    num_examples: int
+
+
+# augment(x, seed, per_sample=True): a transformed copy of the batch x
+Augment = Callable[..., torch.Tensor]
+
+
+def batches(n: int, batch_size: int, generator: torch.Generator,
+            device: torch.device | str = "cpu") -> Iterator[torch.Tensor]:
+    """Indices of one shuffled pass over n samples; the last batch may be smaller."""
+    order = torch.randperm(n, generator=generator).to(device)
+    for start in range(0, n, batch_size):
+        yield order[start:start + batch_size]
+
+
+def train_locally(model: nn.Module, x: torch.Tensor, y: torch.Tensor, settings: TrainSettings,
+                  objective: LocalObjective, generator: torch.Generator, *,
+                  augment: Augment | None = None, prepare: bool = True) -> TrainStats:
+    """Run ``settings.epochs`` epochs of SGD on (x, y) minimising ``objective``. ``prepare``
+    False: the objective was prepared by an earlier stage of the same round (its anchor, its
+    teacher) and keeps that."""
+    model.train()
+    optimizer = torch.optim.SGD(model.parameters(), lr=settings.lr, momentum=settings.momentum,
+                                weight_decay=settings.weight_decay)
+    if prepare:
+        objective.prepare(model, x, y)
+    steps, seen = 0, 0
+    loss_sum = torch.zeros((), device=x.device)
+    for _ in range(settings.epochs):
+        for idx in batches(len(y), settings.batch_size, generator, x.device):
+            xb, yb = x[idx], y[idx]
+            if augment is not None:  # a seed per batch, drawn from the run's generator
+                seed = int(torch.randint(2**31 - 1, (1,), generator=generator))
+                xb = augment(xb, seed, per_sample=True)
+            features = model.features(xb)
+            loss = objective.loss(Batch(xb, yb, features, model.head(features), idx))
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            steps += 1
+            seen += len(yb)
+            loss_sum += loss.detach() * len(yb)
+    return TrainStats(steps, float(loss_sum) / max(seen, 1), len(y))

@@ -1,0 +1,346 @@
+"""DCFL (data-condensation aided FL): clients condense their data; the server keeps the
+condensed sets, selects clients by the CKA of their classifiers and sends each explored client
+the condensed images of the explored clients least like it, to fine-tune on.
+
+Layered over any aggregation (mean, fednova, feddisco) and the ce or prox objective: the
+selection is the ``cka`` part (``selection=uniform`` is the paper's "random" ablation), the
+aggregation part sees each client weighted by n_k + ñ_k (ñ_k: the condensed images the server
+sent it, a count the server knows without asking). State, all on the server: the explored
+clients, their classifiers and the CKA matrix, and the condensed store.
+
+1. Pre-training (once, before round 1): for M requests, max(C_pre * K, 1) clients at random;
+   each not yet explored condenses, trains E_c epochs from w^0 and returns its condensed set
+   and its classifier; then the server trains w^0 on all condensed images: w^1.
+2. Each round: an unexplored client condenses and trains on its data, returning its model and
+   its condensed set; an explored client gets its complementary group's condensed images, the
+   share r the global model gets worst (highest loss) dropped, and fine-tunes on them.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass, field, replace
+from logging import INFO, WARNING
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
+from flwr.supercore import log
+from pydantic import Field
+
+from driftfl.common.augment import SiameseAugment, parse_transforms
+from driftfl.common.condensation import CondensationSettings
+from driftfl.common.protocol import (ARRAYS, CLASSIFIER, CONDENSE, CONDENSE_SECONDS, CONDENSED,
+                                     CONFIG, DCFL_CONDENSE, METHOD, METRICS, NUM_EXAMPLES, PROXIMAL_MU,
+                                     SERVER_ROUND)
+from driftfl.common.training import CrossEntropy, TrainSettings, train_locally
+
+from .aggregation import ClientUpdate, to_numpy, to_record
+from .base import DriftStrategy, StrategySettings, wait_for_nodes
+from .cka import cka_matrix, complementary_group, keep_lowest_loss
+from .selection import EXPLORED_CLIENTS, ExploredClients
+
+PRIVACY = ("driftfl: DCFL sends condensed images of every explored client's data to the "
+           "server, and from there to other clients: condensed images can reveal what the "
+           "data looks like. Use it only where that is acceptable.")
+PIXEL_BOUND = 1e4  # condensed pixels (normalised images) beyond this are not images
+
+
+class DCFLSettings(StrategySettings, CondensationSettings):
+    pretrain_fraction: float = Field(0.25, gt=0, le=1)  # C_pre
+    pretrain_requests: int = Field(2, ge=0)  # M (0: no pre-training stage)
+    pretrain_epochs: int = Field(10, ge=0)  # the server's epochs on all condensed images
+    pretrain_lr: float = Field(0.01, gt=0)  # and their learning rate
+    filter_ratio: float = Field(0.2, ge=0, lt=1)  # r: share of a group's images dropped
+    group_size: int | None = Field(None, ge=0)  # complementary group; null: clients/round - 1
+
+
+def check_condensed(msg: Message, shape: tuple[int, ...], num_classes: int,
+                    most: int) -> tuple[np.ndarray, np.ndarray] | str:
+    """(images, labels) of a reply's condensed set, or why it cannot be used."""
+    if CONDENSED not in msg.content.array_records:
+        return f"reply lacks the '{CONDENSED}' record"
+    try:
+        images = msg.content.array_records[CONDENSED]["images"].numpy()
+        labels = msg.content.array_records[CONDENSED]["labels"].numpy()
+    except Exception as err:  # missing or unreadable arrays
+        return f"condensed set cannot be read: {err!r}"
+    n = len(labels) if labels.ndim == 1 else -1
+    if (images.dtype != np.float32 or labels.dtype != np.int64 or n < 1
+            or images.shape != (n, *shape)):
+        return (f"condensed set is {images.dtype}{list(images.shape)} / "
+                f"{labels.dtype}{list(labels.shape)}, expected float32 [N, {', '.join(map(str, shape))}]"
+                " / int64 [N]")
+    if n > most:
+        return f"condensed set holds {n} images, more than ipc x classes = {most}"
+    if not np.isfinite(images).all() or np.abs(images).max() > PIXEL_BOUND:
+        return "condensed images hold NaN/inf or out-of-range values"
+    if ((labels < 0) | (labels >= num_classes)).any():
+        return f"condensed labels outside 0..{num_classes - 1}"
+    return images, labels
+
+
+@dataclass
+class RoundLog:
+    """What DCFL did in a round, for its metrics row."""
+
+    selected: list[str] = field(default_factory=list)  # client names (partition ids)
+    exploited: list[str] = field(default_factory=list)
+    explored: list[str] = field(default_factory=list)
+    bytes_sent: int = 0  # condensed images only
+    bytes_received: int = 0
+    condense_seconds: dict[str, float] = field(default_factory=dict)
+    pretrain_accuracy: float | None = None
+    new_sets: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
+
+
+class DCFL(DriftStrategy):
+    Settings = DCFLSettings
+    provides = frozenset({EXPLORED_CLIENTS, CONDENSE, CONDENSED, PROXIMAL_MU})
+
+    def __init__(self, *, model: torch.nn.Module, pretrain_fraction: float,
+                 pretrain_requests: int, pretrain: TrainSettings, filter_ratio: float,
+                 group_size: int | None, exchange: bool, augment: SiameseAugment | None,
+                 max_images: int, proximal_mu: float | None, seed: int, device: str,
+                 **kwargs):
+        super().__init__(**kwargs)
+        self.model = model  # a scratch copy: the filter's losses, the pre-training
+        self.pretrain_fraction, self.pretrain_requests = pretrain_fraction, pretrain_requests
+        self.pretrain_settings = pretrain
+        self.filter_ratio, self.group_size, self.exchange = filter_ratio, group_size, exchange
+        self.augment, self.max_images = augment, max_images
+        self.proximal_mu, self.seed, self.device = proximal_mu, seed, device
+        self.explored: list[int] = []  # node ids, in the order they were explored
+        self.classifiers: list[np.ndarray] = []  # their classifier weights, same order
+        self.matrix = np.zeros((0, 0))  # CKA between those classifiers
+        self.store: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # node -> condensed set
+        self.asked: set[int] = set()  # nodes asked to condense this round
+        self.sent_images: dict[int, int] = {}  # node -> condensed images sent this round
+        self.log = RoundLog()
+        self.started = False
+        self.image_shape: tuple[int, ...] = ()  # from the dataset description, in round 1
+        self.pretrained: dict[str, np.ndarray] | None = None  # w^1, until its row records it
+
+    @classmethod
+    def arguments(cls, settings, *, model, aux_set, experiment):
+        return {"model": copy.deepcopy(model),
+                "pretrain_fraction": settings.pretrain_fraction,
+                "pretrain_requests": settings.pretrain_requests,
+                "pretrain": TrainSettings(settings.pretrain_epochs, settings.finetune_batch_size,
+                                          settings.pretrain_lr, experiment.momentum, 0.0),
+                "filter_ratio": settings.filter_ratio, "group_size": settings.group_size,
+                "exchange": settings.finetune_epochs > 0 or settings.condensed_use == "mix",
+                "augment": (SiameseAugment(parse_transforms(settings.dsa_transforms))
+                            if settings.dsa else None),
+                "max_images": settings.ipc * model.head.out_features,
+                "proximal_mu": settings.mu if settings.objective == "prox" else None,
+                "seed": experiment.seed, "device": experiment.device}
+
+    # -- what the server knows of its clients --------------------------------------------
+    def explored_clients(self) -> ExploredClients:
+        return ExploredClients(list(self.explored), self.matrix)
+
+    def explore(self, node: int, classifier: np.ndarray, images: np.ndarray,
+                labels: np.ndarray, seconds: float | None) -> None:
+        """Keep a newly explored client's condensed set and classifier; update the matrix."""
+        if node in self.store:
+            return
+        self.explored.append(node)
+        self.classifiers.append(np.asarray(classifier, dtype=np.float64))
+        self.matrix = cka_matrix(self.classifiers)
+        self.store[node] = (images, labels)
+        self.log.explored.append(self.client_name(node))
+        self.log.new_sets[self.client_name(node)] = (images, labels)
+        self.log.bytes_received += images.nbytes + labels.nbytes
+        if seconds is not None and math.isfinite(seconds):
+            self.log.condense_seconds[f"client_{self.client_name(node)}"] = seconds
+
+    def client_name(self, node: int) -> str:
+        """A client as the run directory names it: its partition id, or for a node with its
+        own data (no partition) its node id."""
+        partition = self.node_rank.get(node, -1)
+        return str(partition) if partition >= 0 else f"node{node}"
+
+    def partition_ids(self, nodes) -> list[str]:
+        return [self.client_name(n) for n in nodes]
+
+    # -- the pre-training stage ----------------------------------------------------------
+    def pretrain(self, arrays: ArrayRecord, config: ConfigRecord, grid) -> ArrayRecord:
+        """M request rounds of condensation at C_pre, then w^0 trained on all condensed data."""
+        if not self.pretrain_requests:
+            return arrays
+        query_config = ConfigRecord(dict(config))
+        query_config[SERVER_ROUND] = 0
+        nodes = sorted(wait_for_nodes(grid, self.min_available_nodes), key=self.rank)
+        count = min(len(nodes), max(math.floor(self.pretrain_fraction * len(nodes) + 1e-9), 1))
+        head = self.head_shape()
+        for request in range(1, self.pretrain_requests + 1):
+            rng = np.random.default_rng([self.seed, 0, request])
+            asked = [nodes[i] for i in sorted(rng.choice(len(nodes), size=count, replace=False))
+                     if nodes[i] not in self.store]
+            messages = [Message(RecordDict({ARRAYS: arrays, CONFIG: query_config}),
+                                dst_node_id=node,
+                                message_type=f"{MessageType.QUERY}.{DCFL_CONDENSE}")
+                        for node in asked]
+            replies = grid.send_and_receive(messages, timeout=self.round_timeout)
+            for reply in self.in_node_order(replies):
+                checked = self.check_pretrain_reply(reply, head)
+                if isinstance(checked, str):
+                    log(WARNING, "DCFL pre-training reply from node %s rejected: %s",
+                        reply.metadata.src_node_id, checked)
+                    continue
+                self.explore(reply.metadata.src_node_id, *checked)
+            print(f"DCFL pre-training: request {request}/{self.pretrain_requests}, asked "
+                  f"clients {self.partition_ids(asked)}, {len(self.explored)} explored",
+                  flush=True)
+        images, labels = self.condensed_of(self.explored)
+        if not len(labels) or not self.pretrain_settings.epochs:
+            return arrays
+        model = self.scratch(to_numpy(arrays))
+        x = torch.from_numpy(images).to(self.device)
+        y = torch.from_numpy(labels).to(self.device)
+        train_locally(model, x, y, self.pretrain_settings, CrossEntropy(),
+                      torch.Generator().manual_seed(self.seed), augment=self.augment)
+        print(f"DCFL pre-training: the server trained the initial model on {len(labels)} "
+              f"condensed images for {self.pretrain_settings.epochs} epochs", flush=True)
+        trained = {k: v.detach().cpu().numpy() for k, v in model.state_dict().items()}
+        self.pretrained = trained
+        return to_record(trained)
+
+    def head_shape(self) -> tuple[int, int]:
+        return tuple(self.model.head.weight.shape)
+
+    def check_pretrain_reply(self, reply: Message, head: tuple[int, int]):
+        if reply.has_error():
+            return f"error reply: {reply.error.reason}"
+        condensed = check_condensed(reply, self.image_shape, head[0], self.max_images)
+        if isinstance(condensed, str):
+            return condensed
+        try:
+            weight = reply.content.array_records[CLASSIFIER]["weight"].numpy()
+        except Exception as err:
+            return f"classifier cannot be read: {err!r}"
+        if weight.shape != head or not np.isfinite(weight).all():
+            return f"classifier is {list(weight.shape)}, expected {list(head)}, finite"
+        seconds = reply.content.metric_records.get(METRICS, {}).get(CONDENSE_SECONDS)
+        return weight, *condensed, float(seconds) if isinstance(seconds, float) else None
+
+    # -- a round -------------------------------------------------------------------------
+    def configure_train(self, server_round, arrays, config, grid):
+        self.log = RoundLog()
+        if not self.started:
+            self.started = True
+            print(PRIVACY, flush=True)
+            self.image_shape = tuple(self.infer_shape(config))
+            arrays = self.pretrain(arrays, config, grid)
+        self.global_arrays = to_numpy(arrays)
+        config[SERVER_ROUND] = server_round
+        config[METHOD] = self.objective
+        if self.proximal_mu is not None:
+            config[PROXIMAL_MU] = self.proximal_mu
+        nodes = self.sample(server_round, grid)
+        self.log.selected = self.partition_ids(nodes)
+        self.log.exploited = self.partition_ids(self.selection.last_exploited)
+        self.asked = {n for n in nodes if n not in self.store}
+        self.sent_images = {}
+        size = len(nodes) - 1 if self.group_size is None else self.group_size
+        messages = []
+        for node in nodes:
+            node_config = ConfigRecord(dict(config))
+            node_config[CONDENSE] = node in self.asked
+            content = {ARRAYS: arrays, CONFIG: node_config}
+            if node in self.store and self.exchange:
+                group = complementary_group(node, self.explored, self.matrix, size)
+                images, labels = self.filtered(self.condensed_of(group))
+                if len(labels):
+                    content[CONDENSED] = ArrayRecord({"images": Array(images),
+                                                      "labels": Array(labels)})
+                    self.sent_images[node] = len(labels)
+                    self.log.bytes_sent += images.nbytes + labels.nbytes
+            messages += self._construct_messages(RecordDict(content), [node], MessageType.TRAIN)
+        log(INFO, "configure_train: %d of the nodes train in round %d", len(nodes), server_round)
+        return messages
+
+    def infer_shape(self, config: ConfigRecord) -> list[int]:
+        from driftfl.common.protocol import DATASET_META, DatasetMeta
+
+        return DatasetMeta.from_json(str(config[DATASET_META])).shape
+
+    def condensed_of(self, nodes: list[int]) -> tuple[np.ndarray, np.ndarray]:
+        if not nodes:
+            return (np.zeros((0, *self.image_shape), np.float32), np.zeros(0, np.int64))
+        return (np.concatenate([self.store[n][0] for n in nodes]),
+                np.concatenate([self.store[n][1] for n in nodes]))
+
+    def filtered(self, condensed: tuple[np.ndarray, np.ndarray]):
+        """The images kept after the share r with the highest loss under the global model."""
+        images, labels = condensed
+        if not self.filter_ratio or not len(labels):
+            return images, labels
+        model = self.scratch(self.global_arrays).eval()
+        with torch.no_grad():
+            losses = F.cross_entropy(model(torch.from_numpy(images).to(self.device)),
+                                     torch.from_numpy(labels).to(self.device), reduction="none")
+        keep = keep_lowest_loss(losses.cpu().numpy(), self.filter_ratio)
+        return images[keep], labels[keep]
+
+    def scratch(self, arrays: dict[str, np.ndarray]) -> torch.nn.Module:
+        self.model.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in arrays.items()})
+        return self.model.to(self.device)
+
+    # -- what comes back -----------------------------------------------------------------
+    def reject(self, update: ClientUpdate) -> str | None:
+        reason = super().reject(update)
+        if reason or update.node_id not in self.asked:
+            return reason
+        checked = check_condensed(update.message, self.image_shape, self.head_shape()[0],
+                                  self.max_images)
+        return checked if isinstance(checked, str) else None
+
+    def accept(self, replies) -> list[ClientUpdate]:
+        updates = super().accept(replies)
+        for update in updates:
+            if update.node_id in self.asked:
+                images, labels = check_condensed(update.message, self.image_shape,
+                                                 self.head_shape()[0], self.max_images)
+                self.explore(update.node_id, update.arrays["head.weight"], images, labels,
+                             update.metrics.get(CONDENSE_SECONDS))
+        # weights n_k + ñ_k: ñ_k is what the server itself sent
+        updates = [replace(u, metrics={**u.metrics, NUM_EXAMPLES: u.num_examples
+                                       + self.sent_images.get(u.node_id, 0)}) for u in updates]
+        self.last_updates = updates
+        return updates
+
+    def aggregate_train(self, server_round, replies):
+        arrays, metrics = super().aggregate_train(server_round, replies)
+        if arrays is None and server_round == 1:  # keep the pre-trained model
+            arrays = to_record(self.global_arrays)
+        return arrays, metrics
+
+    # -- what the run directory keeps ----------------------------------------------------
+    def server_metrics(self, accuracy_of) -> dict:
+        row = {"selected": " ".join(self.log.selected),
+               "exploited": " ".join(self.log.exploited),
+               "explored_now": " ".join(self.log.explored),
+               "explored_total": len(self.explored),
+               "condensed_bytes_sent": self.log.bytes_sent,
+               "condensed_bytes_received": self.log.bytes_received,
+               "condense_seconds": dict(self.log.condense_seconds)}
+        if self.pretrained is not None:
+            row["pretrain_accuracy"] = accuracy_of(self.pretrained)
+            self.pretrained = None
+        return row
+
+    def round_arrays(self) -> dict[str, np.ndarray]:
+        """The CKA matrix over all surveyed clients in partition order (NaN: not explored)."""
+        order = {node: i for i, node in enumerate(sorted(self.node_rank, key=self.rank))}
+        full = np.full((len(order), len(order)), np.nan)
+        where = [order[node] for node in self.explored]
+        full[np.ix_(where, where)] = self.matrix
+        return {"cka": full}
+
+    def round_images(self) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+        """The condensed sets received this round, by client, for the run directory."""
+        return {f"client_{p}": s for p, s in self.log.new_sets.items()}

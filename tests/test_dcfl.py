@@ -1,0 +1,206 @@
+"""DCFL and FedDisco: the server's arithmetic on hand-checked cases, and DCFL's rounds through
+the real ClientApp handlers (in process)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+
+from driftfl.common.config import compose
+from driftfl.common.errors import ConfigError
+from driftfl.common.protocol import (CONDENSED, CONFIG, DATASET_META, EXPERIMENT, NUM_EXAMPLES,
+                                     PROXIMAL_MU, model_to_arrays)
+from driftfl.methods import build_strategy, check_experiment
+from driftfl.server.app import survey_clients
+from driftfl.server.experiment import prepare_experiment
+from driftfl.strategies.aggregation import to_numpy
+from driftfl.strategies.cka import (cka_matrix, complementary_group, exploit_probabilities,
+                                    keep_lowest_loss, linear_cka, select_clients)
+from driftfl.strategies.dcfl import check_condensed
+from driftfl.strategies.feddisco import discrepancy, disco_weights
+from test_methods import InProcessGrid
+
+
+# -- CKA ----------------------------------------------------------------------------------
+def test_cka_is_one_for_alike_matrices_symmetric_and_matches_a_hand_computed_value():
+    rng = np.random.default_rng(0)
+    w = rng.normal(size=(10, 6))
+    assert linear_cka(w, w) == pytest.approx(1.0)
+    assert linear_cka(w, 3.5 * w) == pytest.approx(1.0)  # scale
+    assert linear_cka(w, w + rng.normal(size=(1, 6))) == pytest.approx(1.0)  # rows re-centred
+    v = rng.normal(size=(10, 4))
+    assert linear_cka(w, v) == pytest.approx(linear_cka(v, w))
+    assert 0 <= linear_cka(w, v) < 1
+    # by hand: centred Grams K_X = [[5,-4,-1],[-4,5,-1],[-1,-1,2]]/9 and
+    # K_Y = [[5,-1,-4],[-1,2,-1],[-4,-1,5]]/9: <K_X, K_Y> / (|K_X| |K_Y|) = 63 / 90
+    x = np.array([[1.0, 0.0], [0.0, 1.0], [0.0, 0.0]])
+    y = np.array([[1.0, 0.0], [0.0, 0.0], [0.0, 1.0]])
+    assert linear_cka(x, y) == pytest.approx(0.7)
+    matrix = cka_matrix([x, y, x])
+    assert np.allclose(matrix, matrix.T) and np.allclose(np.diag(matrix), 1.0)
+    assert matrix[0, 2] == pytest.approx(1.0) and matrix[0, 1] == pytest.approx(0.7)
+
+
+# -- selection ------------------------------------------------------------------------------
+M3 = np.array([[1.0, 0.5, 0.2], [0.5, 1.0, 0.8], [0.2, 0.8, 1.0]])
+
+
+def test_exploit_probabilities_are_eq_4():
+    # row sums without the diagonal: 0.7, 1.3, 1.0 over a total of 3.0
+    assert np.allclose(exploit_probabilities(M3), [0.7 / 3, 1.3 / 3, 1.0 / 3])
+    assert np.allclose(exploit_probabilities(np.eye(3)), [1 / 3] * 3)  # all 0: uniform
+
+
+def test_select_draws_by_eq_4_and_splits_by_epsilon():
+    explored, unexplored = [10, 11, 12], [20, 21, 22, 23]
+    counts = np.zeros(3)
+    for seed in range(3000):
+        old, new = select_clients(explored, unexplored, M3, 2, 0.5, np.random.default_rng(seed))
+        assert len(old) == 1 and len(new) == 1 and new[0] in unexplored
+        counts[explored.index(old[0])] += 1
+    assert np.allclose(counts / counts.sum(), exploit_probabilities(M3), atol=0.03)
+    rng = np.random.default_rng(1)
+    old, new = select_clients(explored, unexplored, M3, 3, 0.0, rng)
+    assert old == [] and len(set(new)) == 3  # epsilon 0: explore only
+    old, new = select_clients(explored, unexplored, M3, 3, 1.0, rng)
+    assert sorted(old) == explored and new == []  # epsilon 1: exploit only
+    old, new = select_clients(explored, [20], M3, 3, 0.0, rng)
+    assert new == [20] and len(old) == 2  # too few unexplored: the explored fill in
+    old, new = select_clients([], unexplored, np.zeros((0, 0)), 2, 1.0, rng)
+    assert old == [] and len(new) == 2  # nothing explored yet: explore
+
+
+def test_complementary_group_is_the_least_similar_explored_clients():
+    assert complementary_group(10, [10, 11, 12], M3, 1) == [12]
+    assert complementary_group(10, [10, 11, 12], M3, 2) == [12, 11]
+    assert complementary_group(11, [10, 11, 12], M3, 5) == [10, 12]
+    assert complementary_group(12, [10, 11, 12], M3, 0) == []
+
+
+def test_filter_drops_exactly_the_share_with_the_highest_loss():
+    losses = np.array([0.1, 2.0, 0.5, 3.0, 0.2, 1.0, 0.3, 0.4, 0.6, 0.7])
+    assert keep_lowest_loss(losses, 0.2).tolist() == [0, 2, 4, 5, 6, 7, 8, 9]  # 3.0, 2.0 gone
+    assert keep_lowest_loss(losses, 0.0).tolist() == list(range(10))
+    assert len(keep_lowest_loss(losses, 0.25)) == 8  # floor(2.5) dropped
+
+
+# -- FedDisco -------------------------------------------------------------------------------
+def test_feddisco_weights_on_a_hand_case_and_the_fall_back():
+    assert discrepancy([5, 5]) == pytest.approx(0.0)
+    assert discrepancy([10, 0]) == pytest.approx(np.sqrt(0.5))
+    # n = (60, 40): n_k/n = 0.6, 0.4; d = (sqrt(0.5), 0): 0.6 - 0.5*0.7071 + 0.1 = 0.3464, 0.5
+    weights = disco_weights(np.array([60.0, 40.0]), np.array([np.sqrt(0.5), 0.0]), 0.5, 0.1)
+    raw = np.array([0.7 - 0.5 * np.sqrt(0.5), 0.5])
+    assert np.allclose(weights, raw / raw.sum())
+    # every p_k clipped to 0: the example weights
+    assert np.allclose(disco_weights(np.array([30.0, 10.0]), np.array([1.0, 1.0]), 5.0, 0.0),
+                       [0.75, 0.25])
+
+
+# -- DCFL through the real ClientApp --------------------------------------------------------
+TINY = ["model=mlp", "dataset.subset=3000", "dataset.test_subset=300", "num_clients=4",
+        "fraction=0.5", "logit_shift_samples=32", "strategy.condense_iterations=4",
+        "strategy.ipc=2", "strategy.pretrain_epochs=2"]
+
+
+def run_rounds(overrides: list[str], rounds: int = 2):
+    experiment = prepare_experiment(compose(overrides))
+    cfg = experiment.cfg
+    model = experiment.initial_model()
+    strategy = build_strategy(cfg, model, None)
+    grid = InProcessGrid({100 + i: {"partition-id": i, "num-partitions": 4} for i in range(4)})
+    record = ConfigRecord({EXPERIMENT: cfg.to_json(), DATASET_META: experiment.meta.to_json()})
+    clients = survey_clients(grid, record, 4, node_wait=5, timeout=60)
+    strategy.meet(clients)
+    result = strategy.start(grid=grid, initial_arrays=model_to_arrays(model), num_rounds=rounds,
+                            train_config=record, evaluate_config=ConfigRecord(dict(record)))
+    return strategy, to_numpy(result.arrays), {c["node_id"]: c for c in clients}
+
+
+def test_dcfl_without_its_parts_trains_exactly_like_fedavg(fmnist_available, server_task):
+    bare = ["selection=uniform", "strategy.pretrain_requests=0", "strategy.finetune_epochs=0",
+            "strategy.dsa=false"]
+    _, dcfl, _ = run_rounds(["strategy=dcfl", *TINY, *bare])
+    _, fedavg, _ = run_rounds(["strategy=fedavg", *TINY[:5]])
+    assert dcfl.keys() == fedavg.keys()
+    assert all(np.array_equal(dcfl[k], fedavg[k]) for k in dcfl)
+
+
+def test_dcfl_explores_exchanges_and_weights_by_local_plus_condensed(fmnist_available,
+                                                                     server_task, capsys):
+    strategy, _, clients = run_rounds(["strategy=dcfl", *TINY], rounds=3)
+    printed = capsys.readouterr().out
+    assert "condensed images can reveal" in printed and "DCFL pre-training" in printed
+    assert "condense: client" in printed  # the clients' progress lines
+    assert len(strategy.explored) >= 3 and set(strategy.store) == set(strategy.explored)
+    for node, (images, labels) in strategy.store.items():
+        held = np.flatnonzero(clients[node]["label_histogram"])
+        assert images.shape == (2 * len(held), 1, 28, 28)  # ipc per held class
+        assert sorted(set(labels.tolist())) == held.tolist()
+    assert np.allclose(strategy.matrix, strategy.matrix.T)
+    assert ((strategy.matrix >= -1e-9) & (strategy.matrix <= 1 + 1e-9)).all()
+    # the last round: explored clients got condensed images and are weighted n_k + ñ_k
+    assert strategy.sent_images and strategy.log.bytes_sent > 0
+    for update in strategy.last_updates:
+        own = clients[update.node_id]["num_examples"]
+        assert update.num_examples == own + strategy.sent_images.get(update.node_id, 0)
+    assert any(update.num_examples > clients[update.node_id]["num_examples"]
+               for update in strategy.last_updates)
+    cka = strategy.round_arrays()["cka"]
+    assert cka.shape == (4, 4) and np.isnan(cka).sum() == 16 - len(strategy.explored) ** 2
+
+
+def test_dcfl_over_fedprox_sends_mu_and_refuses_an_objective_it_cannot_serve():
+    cfg = check_experiment(compose(["strategy=dcfl", "strategy.objective=prox",
+                                    "+strategy.mu=0.05", "aggregation=feddisco"]))
+    assert cfg.strategy.mu == 0.05 and cfg.aggregation.name == "feddisco"
+    from driftfl.common.models import build_model
+    from driftfl.strategies import DCFL
+
+    strategy = DCFL.from_config(cfg, build_model(cfg.model, (1, 28, 28), 10))
+    assert strategy.proximal_mu == 0.05
+    with pytest.raises(ConfigError, match="objective 'csd' needs"):
+        check_experiment(compose(["strategy=dcfl", "strategy.objective=csd"]))
+    with pytest.raises(ConfigError, match="selection=cka needs what only strategy=dcfl"):
+        check_experiment(compose(["strategy=fedavg", "selection=cka"]))
+    with pytest.raises(ConfigError, match="unknown DSA transform 'blur'"):
+        check_experiment(compose(["strategy=dcfl", "strategy.dsa_transforms=color_blur"]))
+    assert PROXIMAL_MU in DCFL.provides
+
+
+def condensed_reply(images, labels) -> Message:
+    content = RecordDict({CONDENSED: ArrayRecord({"images": Array(images),
+                                                  "labels": Array(labels)}),
+                          "metrics": MetricRecord({NUM_EXAMPLES: 10})})
+    return Message(content, dst_node_id=0, message_type="train")
+
+
+@pytest.mark.parametrize("images, labels, reason", [
+    (np.zeros((3, 1, 28, 28), np.float32), np.array([0, 1, 2], np.int32), "condensed set is"),
+    (np.zeros((3, 1, 28, 28), np.float64), np.array([0, 1, 2], np.int64), "condensed set is"),
+    (np.zeros((3, 1, 8, 8), np.float32), np.array([0, 1, 2], np.int64), "condensed set is"),
+    (np.full((3, 1, 28, 28), np.nan, np.float32), np.array([0, 1, 2], np.int64), "NaN"),
+    (np.full((3, 1, 28, 28), 3e38, np.float32), np.array([0, 1, 2], np.int64), "out-of-range"),
+    (np.zeros((3, 1, 28, 28), np.float32), np.array([0, 1, 12], np.int64), "labels outside"),
+    (np.zeros((30, 1, 28, 28), np.float32), np.zeros(30, np.int64), "more than ipc"),
+])
+def test_a_bad_condensed_set_is_refused_with_its_reason(images, labels, reason, server_task):
+    checked = check_condensed(condensed_reply(images, labels), (1, 28, 28), 10, most=20)
+    assert isinstance(checked, str) and reason in checked
+    good = check_condensed(condensed_reply(np.zeros((3, 1, 28, 28), np.float32),
+                                           np.array([0, 1, 2], np.int64)), (1, 28, 28), 10, 20)
+    assert not isinstance(good, str)
+
+
+def test_a_reply_with_a_bad_condensed_set_changes_no_dcfl_state(fmnist_available, server_task):
+    strategy, _, _ = run_rounds(["strategy=dcfl", *TINY, "strategy.pretrain_requests=0"], 1)
+    before = (list(strategy.explored), dict(strategy.store))
+    strategy.asked = {999}
+    from driftfl.strategies.aggregation import ClientUpdate
+
+    # a reply that passed the common checks, from a node asked to condense
+    bad = condensed_reply(np.full((2, 1, 28, 28), np.nan, np.float32), np.zeros(2, np.int64))
+    update = ClientUpdate(999, {}, {NUM_EXAMPLES: 10.0}, bad)
+    assert "NaN" in strategy.reject(update)
+    assert (strategy.explored, strategy.store) == before
