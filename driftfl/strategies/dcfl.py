@@ -33,8 +33,8 @@ from pydantic import Field
 from driftfl.common.augment import SiameseAugment, parse_transforms
 from driftfl.common.condensation import CondensationSettings
 from driftfl.common.protocol import (ARRAYS, CLASSIFIER, CONDENSE, CONDENSE_SECONDS, CONDENSED,
-                                     CONFIG, DCFL_CONDENSE, METHOD, METRICS, NUM_EXAMPLES, PROXIMAL_MU,
-                                     SERVER_ROUND)
+                                     CONFIG, DATASET_META, DCFL_CONDENSE, METHOD, METRICS,
+                                     NUM_EXAMPLES, PROXIMAL_MU, SERVER_ROUND, DatasetMeta)
 from driftfl.common.training import CrossEntropy, TrainSettings, train_locally
 
 from .aggregation import ClientUpdate, to_numpy, to_record
@@ -70,9 +70,9 @@ def check_condensed(msg: Message, shape: tuple[int, ...], num_classes: int,
     n = len(labels) if labels.ndim == 1 else -1
     if (images.dtype != np.float32 or labels.dtype != np.int64 or n < 1
             or images.shape != (n, *shape)):
+        expected = ", ".join(map(str, shape))
         return (f"condensed set is {images.dtype}{list(images.shape)} / "
-                f"{labels.dtype}{list(labels.shape)}, expected float32 [N, {', '.join(map(str, shape))}]"
-                " / int64 [N]")
+                f"{labels.dtype}{list(labels.shape)}, expected float32 [N, {expected}] / int64 [N]")
     if n > most:
         return f"condensed set holds {n} images, more than ipc x classes = {most}"
     if not np.isfinite(images).all() or np.abs(images).max() > PIXEL_BOUND:
@@ -264,8 +264,6 @@ class DCFL(DriftStrategy):
         return messages
 
     def infer_shape(self, config: ConfigRecord) -> list[int]:
-        from driftfl.common.protocol import DATASET_META, DatasetMeta
-
         return DatasetMeta.from_json(str(config[DATASET_META])).shape
 
     def condensed_of(self, nodes: list[int]) -> tuple[np.ndarray, np.ndarray]:
