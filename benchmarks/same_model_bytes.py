@@ -45,6 +45,10 @@ CASES = {
     "fedssd-kl": ["+experiment=fedssd_kl"],
     "fedcad": ["strategy=fedcad"],
     "fedcad-aux": ["strategy=fedcad", "strategy.alpha_source=aux"],
+    "feddisco": ["strategy=feddisco"],
+    "dcfl": ["strategy=dcfl", "strategy.condense_iterations=20"],
+    "dcfl-fednova-prox": ["strategy=dcfl", "aggregation=fednova", "strategy.objective=prox",
+                          "strategy.condense_iterations=20"],
 }
 
 
