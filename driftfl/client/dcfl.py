@@ -15,7 +15,8 @@ import torch
 from flwr.app import Array, ArrayRecord, Message
 
 from driftfl.common.augment import SiameseAugment, parse_transforms
-from driftfl.common.condensation import CondensationSettings, condensation_settings
+from driftfl.common.condensation import (CondensationSettings, condensation_settings,
+                                         read_condensed)
 from driftfl.common.models import build_model
 from driftfl.common.protocol import CONDENSE, CONDENSED, CONFIG
 from driftfl.common.training import TrainSettings, TrainStats, train_locally
@@ -32,14 +33,11 @@ def received_images(msg: Message, job: ClientJob) -> tuple[torch.Tensor, torch.T
     """The condensed images a train message carries, checked (None when it carries none)."""
     if CONDENSED not in msg.content.array_records:
         return None
-    record = msg.content.array_records[CONDENSED]
-    images, labels = record["images"].numpy(), record["labels"].numpy()
-    n = len(labels)
-    if (images.dtype != np.float32 or images.shape != (n, *job.meta.shape)
-            or labels.dtype != np.int64 or labels.shape != (n,)):
-        raise ValueError("condensed images do not match this dataset's shape and classes")
-    if not np.isfinite(images).all() or ((labels < 0) | (labels >= job.num_classes)).any():
-        raise ValueError("condensed images hold NaN/inf values or unknown labels")
+    checked = read_condensed(msg.content.array_records[CONDENSED], tuple(job.meta.shape),
+                             job.num_classes)
+    if isinstance(checked, str):
+        raise ValueError(f"the server's {checked}")
+    images, labels = checked
     return torch.from_numpy(images.copy()), torch.from_numpy(labels.copy())
 
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Literal
 
+import numpy as np
+from flwr.app import ArrayRecord
 from pydantic import Field, field_validator
 
 from .augment import DEFAULT_TRANSFORMS, parse_transforms
@@ -49,3 +51,29 @@ def condensation_settings(section: Mapping[str, Any]) -> CondensationSettings:
     fields = CondensationSettings.model_fields
     return validated(CondensationSettings, {k: v for k, v in section.items() if k in fields},
                      "strategy.")
+
+
+PIXEL_BOUND = 1e4  # condensed pixels (normalised images) beyond this are not images
+
+
+def read_condensed(record: ArrayRecord, shape: tuple[int, ...], num_classes: int,
+                   most: int | None = None) -> tuple[np.ndarray, np.ndarray] | str:
+    """(images, labels) of a ``condensed`` record, or why it cannot be used: the server checks
+    a client's set with it, a client the images a server sent. ``most``: the largest count."""
+    try:
+        images, labels = record["images"].numpy(), record["labels"].numpy()
+    except Exception as err:  # missing or unreadable arrays
+        return f"condensed set cannot be read: {err!r}"
+    n = len(labels) if labels.ndim == 1 else -1
+    if (images.dtype != np.float32 or labels.dtype != np.int64 or n < 1
+            or images.shape != (n, *shape)):
+        expected = ", ".join(map(str, shape))
+        return (f"condensed set is {images.dtype}{list(images.shape)} / "
+                f"{labels.dtype}{list(labels.shape)}, expected float32 [N, {expected}] / int64 [N]")
+    if most is not None and n > most:
+        return f"condensed set holds {n} images, more than ipc x classes = {most}"
+    if not np.isfinite(images).all() or np.abs(images).max() > PIXEL_BOUND:
+        return "condensed images hold NaN/inf or out-of-range values"
+    if ((labels < 0) | (labels >= num_classes)).any():
+        return f"condensed labels outside 0..{num_classes - 1}"
+    return images, labels

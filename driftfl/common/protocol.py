@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 
+import numpy as np
 import torch
 from flwr.app import ArrayRecord
 from torch import nn
@@ -90,6 +91,11 @@ class DatasetMeta:
 def model_to_arrays(model: nn.Module) -> ArrayRecord:
     """Parameters and buffers (BatchNorm statistics included) as an ArrayRecord."""
     return ArrayRecord({k: v.detach().cpu() for k, v in model.state_dict().items()})
+
+
+def load_numpy(model: nn.Module, arrays: dict) -> None:
+    """Load NumPy arrays (the strategies' form of a model) into ``model``."""
+    model.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in arrays.items()})
 
 
 def load_arrays(model: nn.Module, arrays: ArrayRecord) -> None:

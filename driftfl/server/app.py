@@ -10,7 +10,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-import torch
 from flwr.app import ConfigRecord, Context, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp import Grid, ServerApp
 
@@ -22,7 +21,7 @@ from driftfl.common.evaluation import evaluate
 from driftfl.common.partition import describe
 from driftfl.common.protocol import (CONFIG, DATA_SUMMARY, DATASET_META, EXPERIMENT,
                                      LABEL_HISTOGRAM, METRICS, NUM_EXAMPLES, PARTITION_ID,
-                                     load_arrays, model_to_arrays)
+                                     load_arrays, load_numpy, model_to_arrays)
 from driftfl.methods import build_strategy
 from driftfl.strategies import DriftStrategy
 from driftfl.strategies.base import wait_for_nodes
@@ -143,7 +142,7 @@ class RoundEvaluator:
     def accuracy_of(self, arrays: dict[str, np.ndarray]) -> float:
         """Test accuracy of another model (a teacher, ...) on the central test set."""
         scratch = copy.deepcopy(self.model)
-        scratch.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in arrays.items()})
+        load_numpy(scratch, arrays)
         return evaluate(scratch, self.x, self.y, self.cfg.eval_batch_size, self.num_classes)[1]
 
     def __call__(self, server_round: int, arrays) -> MetricRecord:

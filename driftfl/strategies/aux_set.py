@@ -10,6 +10,8 @@ import torch
 from pydantic import Field
 from torch import nn
 
+from driftfl.common.protocol import load_numpy
+
 from .base import StrategySettings
 
 
@@ -31,7 +33,7 @@ class AuxSet:
     @torch.no_grad()
     def probabilities(self, arrays: dict[str, np.ndarray]) -> torch.Tensor:
         """softmax of the model holding ``arrays``, on every sample of the aux set."""
-        self.model.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in arrays.items()})
+        load_numpy(self.model, arrays)
         return torch.softmax(self.model(self.x), dim=1)
 
     def confusion(self, arrays: dict[str, np.ndarray]) -> np.ndarray:

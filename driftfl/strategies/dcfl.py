@@ -31,21 +31,21 @@ from flwr.supercore import log
 from pydantic import Field
 
 from driftfl.common.augment import SiameseAugment, parse_transforms
-from driftfl.common.condensation import CondensationSettings
+from driftfl.common.condensation import CondensationSettings, read_condensed
 from driftfl.common.protocol import (ARRAYS, CLASSIFIER, CONDENSE, CONDENSE_SECONDS, CONDENSED,
                                      CONFIG, DATASET_META, DCFL_CONDENSE, METHOD, METRICS,
-                                     NUM_EXAMPLES, PROXIMAL_MU, SERVER_ROUND, DatasetMeta)
+                                     NUM_EXAMPLES, PROXIMAL_MU, SERVER_ROUND, DatasetMeta,
+                                     load_numpy)
 from driftfl.common.training import CrossEntropy, TrainSettings, train_locally
 
 from .aggregation import ClientUpdate, to_numpy, to_record
 from .base import DriftStrategy, StrategySettings, wait_for_nodes
-from .cka import cka_matrix, complementary_group, keep_lowest_loss
+from .cka import complementary_group, keep_lowest_loss, linear_cka
 from .selection import EXPLORED_CLIENTS, ExploredClients
 
 PRIVACY = ("driftfl: DCFL sends condensed images of every explored client's data to the "
            "server, and from there to other clients: condensed images can reveal what the "
            "data looks like. Use it only where that is acceptable.")
-PIXEL_BOUND = 1e4  # condensed pixels (normalised images) beyond this are not images
 
 
 class DCFLSettings(StrategySettings, CondensationSettings):
@@ -62,24 +62,7 @@ def check_condensed(msg: Message, shape: tuple[int, ...], num_classes: int,
     """(images, labels) of a reply's condensed set, or why it cannot be used."""
     if CONDENSED not in msg.content.array_records:
         return f"reply lacks the '{CONDENSED}' record"
-    try:
-        images = msg.content.array_records[CONDENSED]["images"].numpy()
-        labels = msg.content.array_records[CONDENSED]["labels"].numpy()
-    except Exception as err:  # missing or unreadable arrays
-        return f"condensed set cannot be read: {err!r}"
-    n = len(labels) if labels.ndim == 1 else -1
-    if (images.dtype != np.float32 or labels.dtype != np.int64 or n < 1
-            or images.shape != (n, *shape)):
-        expected = ", ".join(map(str, shape))
-        return (f"condensed set is {images.dtype}{list(images.shape)} / "
-                f"{labels.dtype}{list(labels.shape)}, expected float32 [N, {expected}] / int64 [N]")
-    if n > most:
-        return f"condensed set holds {n} images, more than ipc x classes = {most}"
-    if not np.isfinite(images).all() or np.abs(images).max() > PIXEL_BOUND:
-        return "condensed images hold NaN/inf or out-of-range values"
-    if ((labels < 0) | (labels >= num_classes)).any():
-        return f"condensed labels outside 0..{num_classes - 1}"
-    return images, labels
+    return read_condensed(msg.content.array_records[CONDENSED], shape, num_classes, most)
 
 
 @dataclass
@@ -117,6 +100,7 @@ class DCFL(DriftStrategy):
         self.matrix = np.zeros((0, 0))  # CKA between those classifiers
         self.store: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # node -> condensed set
         self.asked: set[int] = set()  # nodes asked to condense this round
+        self.checked_sets: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # their checked sets
         self.sent_images: dict[int, int] = {}  # node -> condensed images sent this round
         self.log = RoundLog()
         self.started = False
@@ -147,9 +131,12 @@ class DCFL(DriftStrategy):
         """Keep a newly explored client's condensed set and classifier; update the matrix."""
         if node in self.store:
             return
+        weight = np.asarray(classifier, dtype=np.float64)
+        row = [linear_cka(other, weight) for other in self.classifiers]  # only the new row
+        self.matrix = np.block([[self.matrix, np.array(row)[:, None]],
+                                [np.array(row)[None, :], np.array([[linear_cka(weight, weight)]])]])
         self.explored.append(node)
-        self.classifiers.append(np.asarray(classifier, dtype=np.float64))
-        self.matrix = cka_matrix(self.classifiers)
+        self.classifiers.append(weight)
         self.store[node] = (images, labels)
         self.log.explored.append(self.client_name(node))
         self.log.new_sets[self.client_name(node)] = (images, labels)
@@ -244,6 +231,7 @@ class DCFL(DriftStrategy):
         self.log.selected = self.partition_ids(nodes)
         self.log.exploited = self.partition_ids(self.selection.last_exploited)
         self.asked = {n for n in nodes if n not in self.store}
+        self.checked_sets = {}
         self.sent_images = {}
         size = len(nodes) - 1 if self.group_size is None else self.group_size
         messages = []
@@ -285,7 +273,7 @@ class DCFL(DriftStrategy):
         return images[keep], labels[keep]
 
     def scratch(self, arrays: dict[str, np.ndarray]) -> torch.nn.Module:
-        self.model.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in arrays.items()})
+        load_numpy(self.model, arrays)
         return self.model.to(self.device)
 
     # -- what comes back -----------------------------------------------------------------
@@ -295,15 +283,17 @@ class DCFL(DriftStrategy):
             return reason
         checked = check_condensed(update.message, self.image_shape, self.head_shape()[0],
                                   self.max_images)
-        return checked if isinstance(checked, str) else None
+        if isinstance(checked, str):
+            return checked
+        self.checked_sets[update.node_id] = checked  # kept for accept, not read twice
+        return None
 
     def accept(self, replies) -> list[ClientUpdate]:
         updates = super().accept(replies)
         for update in updates:
             if update.node_id in self.asked:
-                images, labels = check_condensed(update.message, self.image_shape,
-                                                 self.head_shape()[0], self.max_images)
-                self.explore(update.node_id, update.arrays["head.weight"], images, labels,
+                self.explore(update.node_id, update.arrays["head.weight"],
+                             *self.checked_sets[update.node_id],
                              update.metrics.get(CONDENSE_SECONDS))
         # weights n_k + ñ_k: ñ_k is what the server itself sent
         updates = [replace(u, metrics={**u.metrics, NUM_EXAMPLES: u.num_examples

@@ -80,9 +80,10 @@ class CKASelection(Selection):
     def select(self, server_round, nodes, count, explored=None):
         if explored is None:
             raise ValueError("CKA selection needs the explored clients (strategy=dcfl)")
-        known = [n for n in explored.nodes if n in set(nodes)]
-        matrix = explored.matrix[np.ix_(*[[explored.nodes.index(n) for n in known]] * 2)]
-        fresh = [n for n in nodes if n not in set(explored.nodes)]
+        available, position = set(nodes), {n: i for i, n in enumerate(explored.nodes)}
+        known = [n for n in explored.nodes if n in available]
+        matrix = explored.matrix[np.ix_(*[[position[n] for n in known]] * 2)]
+        fresh = [n for n in nodes if n not in position]
         old, new = select_clients(known, fresh, matrix, count, self.epsilon,
                                   self.rng(server_round))
         self.last_exploited = old
