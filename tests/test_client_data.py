@@ -1,4 +1,5 @@
-"""What a node trains on: its partition, or its own folder or .npz, read like the federation's."""
+"""What a node trains on: its partition, or its own folder or .npz, read like the federation's.
+(What a deployment node refuses to read is in test_node_boundary.py.)"""
 
 from __future__ import annotations
 
@@ -6,7 +7,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from driftfl.client.data import local_data
+from driftfl.client.data import local_data as _local_data
+from driftfl.client.node import node_config
 from driftfl.common.config import compose
 from driftfl.common.datasets import load_dataset
 from driftfl.common.errors import ConfigError
@@ -16,11 +18,18 @@ from driftfl.common.protocol import DatasetMeta
 META = DatasetMeta(classes=["cat", "dog", "eel"], shape=[1, 8, 8], mean=[0.5], std=[0.25])
 
 
-def test_a_node_gets_exactly_its_partition(fmnist_available):
+def local_data(experiment, meta, config: dict, simulation: bool = False):
+    return _local_data(experiment, meta, node_config(config), simulation=simulation)
+
+
+@pytest.mark.parametrize("simulation, node", [
+    (True, {"partition-id": 2, "num-partitions": 3}),  # a simulated node: the experiment's data
+    (False, {"dataset": "fmnist", "partition-id": 2, "num-partitions": 3})])  # operator-named
+def test_a_node_gets_exactly_its_partition(fmnist_available, simulation, node):
     cfg = compose(["dataset.subset=3000", "num_clients=3"])
     data = load_dataset(cfg.dataset)
     meta = DatasetMeta(list(data.classes), list(data.shape), list(data.mean), list(data.std))
-    mine = local_data(cfg, meta, {"partition-id": 2, "num-partitions": 3})
+    mine = local_data(cfg, meta, node, simulation)
     expected = partition(data.train_y, cfg.partition, 3, int(cfg.seed))[2]
     assert mine.partition_id == 2 and len(mine) == len(expected)
     assert mine.y.tolist() == data.train_y[expected].tolist()
@@ -28,8 +37,11 @@ def test_a_node_gets_exactly_its_partition(fmnist_available):
 
 
 def test_node_config_must_name_its_data():
-    with pytest.raises(ConfigError, match="node config lacks 'partition-id'.*data-dir"):
-        local_data(compose([]), META, {})
+    with pytest.raises(ConfigError, match="lacks partition-id and num-partitions"):
+        local_data(compose([]), META, {}, simulation=True)
+    for deployed in ({}, {"partition-id": 0, "num-partitions": 2}):  # the second: the old way
+        with pytest.raises(ConfigError, match="names no data of its own: add data-dir="):
+            local_data(compose([]), META, deployed)
 
 
 def test_own_npz_is_read_with_the_federations_normalisation(tmp_path):

@@ -1,6 +1,6 @@
 """Real deployment on 127.0.0.1: a SuperLink and SuperNodes as separate processes, started with
-the README's commands. Nodes read a partition of Fashion-MNIST or only their own data. Every
-process a test starts is stopped."""
+the README's commands. Each node reads what its --node-config names, a partition of
+Fashion-MNIST or its own file, and nothing else. Every process a test starts is stopped."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from conftest import REPO
+from driftfl.client.node import NO_DATA_NAMED
 from driftfl.common.datasets import load_dataset
 from driftfl.launch import _tool, _wait_healthy, flwr_env, free_port, stop
 
@@ -65,7 +66,10 @@ def test_superlink_and_two_supernodes_train_two_rounds_of_fedcsd(tmp_path, fmnis
     own = tmp_path / "owner-b.npz"
     np.savez(own, x=data.train_x[10000:11500, 0], y=data.train_y[10000:11500])
     run_dir = tmp_path / "run"
-    with deployment(["partition-id=0 num-partitions=2", f"data-dir='{own}'"], tmp_path) as run:
+    # the first node caps what the server may ask (the run asks less)
+    first = ("dataset='fmnist' partition-id=0 num-partitions=2 max-parameters=1_000_000 "
+             "max-local-epochs=1 max-batch-size=64")
+    with deployment([first, f"data-dir='{own}'"], tmp_path) as run:
         out = run("strategy=fedcsd model=mlp dataset.subset=4000 dataset.test_subset=2000 "
                   "num_clients=2 rounds=2 node_wait=120", run_dir)
     assert (run_dir / "summary.json").is_file(), out.stdout[-3000:] + out.stderr[-3000:]
@@ -86,8 +90,9 @@ def test_dcfl_condenses_and_exchanges_through_real_supernodes(tmp_path, fmnist_a
     """DCFL: the pre-training query, condensed sets up and complementary images down, with the
     server's store as the only memory (each message runs in a fresh client process)."""
     run_dir = tmp_path / "run"
-    with deployment(["partition-id=0 num-partitions=2", "partition-id=1 num-partitions=2"],
-                    tmp_path) as run:
+    nodes = [f"dataset='fmnist' partition-id={i} num-partitions=2 max-condense-iterations=20"
+             for i in range(2)]
+    with deployment(nodes, tmp_path) as run:
         out = run("strategy=dcfl model=mlp dataset.subset=4000 dataset.test_subset=2000 "
                   "num_clients=2 rounds=2 node_wait=120 strategy.condense_iterations=20", run_dir)
     assert (run_dir / "summary.json").is_file(), out.stdout[-3000:] + out.stderr[-3000:]
@@ -100,13 +105,21 @@ def test_dcfl_condenses_and_exchanges_through_real_supernodes(tmp_path, fmnist_a
                                                                       "client_1.png"]
 
 
-def test_a_node_whose_folder_has_no_images_stops_the_run_before_training(tmp_path,
-                                                                         fmnist_available):
+def test_nodes_that_cannot_read_their_data_stop_the_run_before_training(tmp_path,
+                                                                        fmnist_available):
+    """A node whose folder has no images, and one that names no data (the old way: partition
+    keys only), are refused; the server learns why, but not the node's paths."""
     (tmp_path / "empty" / "0").mkdir(parents=True)
     run_dir = tmp_path / "run"
-    with deployment([f"data-dir='{tmp_path / 'empty'}'"], tmp_path) as run:
-        out = run("model=mlp dataset.test_subset=500 num_clients=1 rounds=1 node_wait=120",
+    with deployment([f"data-dir='{tmp_path / 'empty'}'", "partition-id=0 num-partitions=1"],
+                    tmp_path) as run:
+        out = run("model=mlp dataset.test_subset=500 num_clients=2 rounds=1 node_wait=120",
                   run_dir)
     assert "driftfl: error: a client cannot read its data" in out.stdout, out.stdout[-3000:]
-    assert "no images found in" in out.stdout
+    # the first failing reply stops the run: either node's reason, without its path
+    assert "no images found in <data-dir>" in out.stdout or NO_DATA_NAMED in out.stdout
+    assert str(tmp_path / "empty") not in out.stdout + out.stderr
     assert not (run_dir / "metrics.csv").exists()  # no round was run
+    # each node's own log holds its full reason
+    assert f"no images found in {tmp_path / 'empty'}" in (tmp_path / "supernode0.log").read_text()
+    assert NO_DATA_NAMED in (tmp_path / "supernode1.log").read_text()

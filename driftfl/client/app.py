@@ -1,5 +1,7 @@
 """The ClientApp: answers ``train``, ``evaluate`` and the queries of the data survey, of
-FedCSD's prototype phase and of DCFL's pre-training stage."""
+FedCSD's prototype phase and of DCFL's pre-training stage. Every handler starts with
+ClientJob.from_message, which checks the operator's node config and caps and reads only the
+data the node may read (see node.py); the mod keeps node paths out of error replies."""
 
 from __future__ import annotations
 
@@ -19,9 +21,10 @@ from .job import ClientJob
 from .objectives import build_objective
 from .objectives.csd import prototype_reply
 from .objectives.distill import logits_of
+from .redaction import keep_paths_local
 from .train import TrainSettings, logit_shift, train_locally
 
-app = ClientApp()
+app = ClientApp(mods=[keep_paths_local])  # error replies carry no node paths
 
 
 def _seed(job: ClientJob, purpose: int) -> int:

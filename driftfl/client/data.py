@@ -1,13 +1,14 @@
-"""The data a node trains on: its partition of a named dataset, or its own folder.
+"""The data a node trains on: its partition of a named dataset, or its own folder or .npz.
 
-In simulation every node is told ``partition-id`` and ``num-partitions``; in deployment a
-SuperNode's ``--node-config`` says the same, or names its own data with ``data-dir`` (an
-ImageFolder-style folder or an .npz file) so that it reads nothing but its own files.
+In simulation every node is told ``partition-id`` and ``num-partitions`` and reads its share of
+the experiment's dataset. In deployment the operator's ``--node-config`` names the data, and
+only it: ``data-dir`` (an ImageFolder-style folder or an .npz file), or ``dataset`` with
+``partition-id`` and ``num-partitions`` (and ``dataset-root``, ``dataset-download``). The
+server's dataset section then only has to agree on the name; its root and download are ignored.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -17,10 +18,12 @@ import torch
 
 from driftfl.common import loaders
 from driftfl.common.config import ExperimentConfig
-from driftfl.common.datasets import DatasetSettings, load_dataset, to_tensors
+from driftfl.common.datasets import DatasetSettings, dataset_settings, load_dataset, to_tensors
 from driftfl.common.errors import ConfigError
 from driftfl.common.partition import PartitionSettings, aux_indices, partition
 from driftfl.common.protocol import DatasetMeta
+
+from .node import NO_DATA_NAMED, NodeConfig
 
 
 @dataclass(frozen=True)
@@ -34,26 +37,52 @@ class LocalData:
         return len(self.y)
 
 
-def local_data(experiment: ExperimentConfig | None, meta: DatasetMeta,
-               node_config: Mapping) -> LocalData:
+def local_data(experiment: ExperimentConfig | None, meta: DatasetMeta, node: NodeConfig, *,
+               simulation: bool) -> LocalData:
     """This node's training data (cached per process: a Ray actor serves many nodes)."""
-    if node_config.get("data-dir"):
-        return _own_data(str(node_config["data-dir"]), meta.to_json())
-    for key in ("partition-id", "num-partitions"):
-        if key not in node_config:
-            raise ConfigError(f"node config lacks '{key}': start the SuperNode with --node-config "
-                              "\"partition-id=<i> num-partitions=<n>\" or \"data-dir=<folder>\"")
-    return _partition_data(experiment.dataset, experiment.partition, experiment.seed,
-                           meta.to_json(), int(node_config["partition-id"]),
-                           int(node_config["num-partitions"]))
+    if node.data_dir:
+        return _own_data(node.data_dir, meta.to_json())
+    if node.dataset:
+        dataset = operator_dataset(experiment.dataset, node)
+    elif simulation and node.partition_id is not None:
+        dataset = experiment.dataset
+    elif simulation:
+        raise ConfigError("node config lacks partition-id and num-partitions, which every "
+                          "simulated node gets")
+    else:
+        raise ConfigError(NO_DATA_NAMED)
+    try:
+        return _partition_data(dataset, experiment.partition, experiment.seed, meta.to_json(),
+                               node.partition_id, node.num_partitions)
+    except ConfigError as err:
+        if not node.dataset:
+            raise
+        raise ConfigError(_in_node_terms(str(err))) from None
+
+
+def _in_node_terms(message: str) -> str:
+    """A dataset's advice, with the experiment's settings named as this node's keys."""
+    for setting, key in (("dataset.download=true", "dataset-download=true in --node-config"),
+                         ("dataset.root", "dataset-root in --node-config")):
+        message = message.replace(setting, key)
+    return message
+
+
+def operator_dataset(requested: DatasetSettings, node: NodeConfig) -> DatasetSettings:
+    """The server's dataset section with its place and download replaced by the operator's;
+    a different dataset than the node holds is refused. Its other settings (subset, EMNIST's
+    split, ...) only select from the data the operator named, so they are kept."""
+    if requested.name != node.dataset:
+        raise ConfigError(f"the server asks for dataset '{requested.name}', but this node "
+                          f"holds '{node.dataset}' (its --node-config dataset)")
+    return dataset_settings({**requested.model_dump(), "root": node.dataset_root,
+                             "download": node.dataset_download})
 
 
 @lru_cache(maxsize=16)
 def _partition_data(dataset: DatasetSettings, spec: PartitionSettings, seed: int, meta_json: str,
                     partition_id: int, num_partitions: int) -> LocalData:
     meta = DatasetMeta.from_json(meta_json)
-    if not 0 <= partition_id < num_partitions:
-        raise ConfigError(f"partition-id {partition_id} is outside 0..{num_partitions - 1}")
     data = load_dataset(dataset)
     aux = aux_indices(data.train_y, meta.aux_per_class, seed) if meta.aux_per_class else None
     mine = partition(data.train_y, spec, num_partitions, seed, aux)[partition_id]

@@ -12,6 +12,8 @@ from driftfl.common.models import DriftModel, build_model
 from driftfl.common.protocol import CONFIG, DATASET_META, EXPERIMENT, SERVER_ROUND, DatasetMeta, \
     load_arrays
 
+from . import node
+from .caps import check_caps
 from .data import LocalData, local_data
 
 
@@ -25,11 +27,13 @@ class ClientJob:
 
     @classmethod
     def from_message(cls, msg: Message, context: Context) -> ClientJob:
+        allowed = node.node_config(context.node_config)  # the operator's, checked first
         config = msg.content[CONFIG]
         experiment = ExperimentConfig.from_json(str(config[EXPERIMENT]))
         meta = DatasetMeta.from_json(str(config[DATASET_META]))
-        return cls(experiment, meta, local_data(experiment, meta, context.node_config), msg,
-                   context)
+        check_caps(msg, experiment, meta, allowed)  # before reading data or training
+        data = local_data(experiment, meta, allowed, simulation=node.in_simulation())
+        return cls(experiment, meta, data, msg, context)
 
     @property
     def device(self) -> torch.device:
