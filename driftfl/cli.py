@@ -9,7 +9,14 @@ from __future__ import annotations
 
 import itertools
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+from driftfl.common.errors import ConfigError
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
 
 USAGE = """usage: driftfl <command> [arguments]
 
@@ -24,28 +31,65 @@ commands:
 """
 
 
-def _run_job(cfg) -> None:
-    """One Hydra job: check the experiment, then launch it in simulation."""
+def _run_job(cfg, hydra_subdir: str | None = None, keep: Path | None = None) -> None:
+    """One Hydra job: check the experiment, then launch it in simulation. Hydra's own files
+    go to ``hydra_subdir`` (.hydra) only once the run is accepted, and a refused run removes
+    the empty folders Hydra made for it below ``keep``."""
     from hydra.core.hydra_config import HydraConfig
 
     from driftfl.common.config import experiment_only
-    from driftfl.common.errors import ConfigError
-    from driftfl.launch import launch_simulation
+    from driftfl.launch import check_launch, launch_simulation
     from driftfl.server.experiment import prepare_experiment
 
     hydra = HydraConfig.get()
     run_dir = Path(hydra.runtime.output_dir)
+    overrides = list(hydra.overrides.task)
     try:
         experiment = prepare_experiment(experiment_only(cfg), make_partition=True)
         if experiment.cfg.device == "cuda" and not experiment.cfg.simulation.client_gpus:
             raise ConfigError("device=cuda needs a GPU share per simulated client, e.g. "
                               "simulation.client_gpus=0.5 (two clients per GPU at a time)")
-        code = launch_simulation(experiment.cfg, list(hydra.overrides.task), run_dir)
+        check_launch(overrides, run_dir)
     except ConfigError as err:
+        _remove_empty(run_dir, keep)
         print(f"driftfl: error: {err}", file=sys.stderr)
         raise SystemExit(2) from None
+    if hydra_subdir is not None:
+        _save_hydra_files(cfg, run_dir, hydra_subdir)
+    code = launch_simulation(experiment.cfg, overrides, run_dir)
     if code:
         raise SystemExit(code)
+
+
+# driftfl run sets hydra.output_subdir to null so that Hydra writes nothing before the job has
+# checked the experiment; the job writes Hydra's files itself (_save_hydra_files)
+NO_HYDRA_FILES = "hydra.output_subdir=null"
+
+
+def _save_hydra_files(cfg, run_dir: Path, subdir: str) -> None:
+    """What Hydra writes to <run dir>/.hydra, as it would have written it."""
+    import copy
+
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import OmegaConf, read_write
+
+    hydra_cfg = copy.deepcopy(HydraConfig.instance().cfg)
+    with read_write(hydra_cfg.hydra):
+        hydra_cfg.hydra.output_subdir = subdir
+        hydra_cfg.hydra.overrides.hydra = [o for o in hydra_cfg.hydra.overrides.hydra
+                                           if o != NO_HYDRA_FILES]
+    folder = run_dir / subdir
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, node in (("config.yaml", cfg), ("hydra.yaml", hydra_cfg),
+                       ("overrides.yaml", hydra_cfg.hydra.overrides.task)):
+        (folder / name).write_text(OmegaConf.to_yaml(node))
+
+
+def _remove_empty(folder: Path, keep: Path | None) -> None:
+    """Remove ``folder`` and its parents below ``keep`` while they are empty."""
+    while keep and folder != keep and folder.is_relative_to(keep) and not any(folder.iterdir()):
+        folder.rmdir()
+        folder = folder.parent
 
 
 # Hydra flags that only show something: nothing runs, so nothing is checked first
@@ -61,7 +105,6 @@ def refusal(args: list[str]) -> str | None:
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     from driftfl.common.config import compose, conf_dir
-    from driftfl.common.errors import ConfigError
     from driftfl.methods import check_experiment
 
     words = [a for a in args if "=" in a and not a.startswith("-")]
@@ -82,22 +125,86 @@ def refusal(args: list[str]) -> str | None:
     return None
 
 
+def output_dir(hydra_cfg: DictConfig, args: list[str]) -> tuple[str, Path]:
+    """The setting that names the directory this command writes, and that directory:
+    hydra.run.dir, or hydra.sweep.dir for a sweep."""
+    kind = "sweep" if {"-m", "--multirun"} & set(args) else "run"
+    return f"hydra.{kind}.dir", Path(hydra_cfg[kind].dir).absolute()
+
+
+def existing_ancestor(folder: Path) -> Path:
+    """``folder`` if it exists, else its nearest parent that does."""
+    return next(p for p in (folder, *folder.parents) if p.exists())
+
+
+def cannot_write(folder: Path) -> str | None:
+    """Why ``folder`` cannot be created and written, None if it can; leaves nothing behind."""
+    import os
+    import tempfile
+
+    try:
+        existing = existing_ancestor(folder)
+        if not existing.is_dir():
+            return f"{existing} is not a directory"
+        if existing == folder:
+            return None if os.access(folder, os.W_OK | os.X_OK) else "permission denied"
+        # only trying tells for sure: not even root can make a folder in /proc
+        os.rmdir(tempfile.mkdtemp(dir=existing))
+    except OSError as err:
+        return (err.strerror or str(err)).lower()
+    return None
+
+
+def _hydra_settings(args: list[str]) -> DictConfig | None:
+    """Hydra's own section under the command's hydra overrides; None where it does not
+    compose (Hydra then says why itself)."""
+    from driftfl.common.config import hydra_section
+
+    words = [a for a in args if "=" in a and a.lstrip("+~").startswith("hydra")]
+    try:
+        hydra_cfg = hydra_section(words)
+        str(hydra_cfg.run.dir), str(hydra_cfg.sweep.dir)  # resolvable, e.g. ${now:...}
+    except Exception:
+        return None
+    return hydra_cfg
+
+
+def checked_job(args: list[str]) -> tuple[list[str], Callable]:
+    """Hydra's arguments and the job to give it, once the experiment and the directory it
+    writes are checked; ConfigError names the first problem."""
+    problem = refusal(args)
+    if problem:
+        raise ConfigError(problem)
+    hydra_cfg = _hydra_settings(args)
+    if hydra_cfg is None:
+        return args, _run_job
+    key, folder = output_dir(hydra_cfg, args)
+    if reason := cannot_write(folder):
+        raise ConfigError(f"cannot write the {key.split('.')[1]} directory {folder}: {reason}; "
+                          f"choose another with {key}=...")
+    subdir, keep = hydra_cfg.output_subdir, existing_ancestor(folder)
+    # beside the other overrides: Hydra's argparse takes them only as one run of words
+    last = max((i for i, a in enumerate(args) if "=" in a and not a.startswith("-")),
+               default=len(args) - 1)
+    return ([*args[:last + 1], NO_HYDRA_FILES, *args[last + 1:]],
+            lambda cfg: _run_job(cfg, subdir, keep))
+
+
 def run(args: list[str]) -> None:
     import hydra
 
     from driftfl.common.config import conf_dir
-    from driftfl.common.errors import ConfigError
 
+    job = _run_job  # Hydra runs no job for a flag that only shows something
     try:
         config_path = str(conf_dir())
-        problem = None if SHOWING & set(args) else refusal(args)
+        if not SHOWING & set(args):
+            args, job = checked_job(args)
     except ConfigError as err:
-        problem = str(err)
-    if problem:
-        print(f"driftfl: error: {problem}", file=sys.stderr)
-        raise SystemExit(2)
+        print(f"driftfl: error: {err}", file=sys.stderr)
+        raise SystemExit(2) from None
     sys.argv = ["driftfl run", *args]
-    hydra.main(config_path=config_path, config_name="config", version_base="1.3")(_run_job)()
+    hydra.main(config_path=config_path, config_name="config", version_base="1.3")(job)()
 
 
 def main(argv: list[str] | None = None) -> None:

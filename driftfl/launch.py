@@ -102,6 +102,13 @@ def run_config_arg(overrides: list[str], run_dir: Path) -> str:
     return f"overrides='{encoded}' run-dir='{run_dir}'"
 
 
+def check_launch(overrides: list[str], run_dir: Path) -> None:
+    """Refuse what launch_simulation could not run, before anything is written."""
+    _tool("flower-superlink")
+    _tool("flwr")
+    run_config_arg(overrides, run_dir)
+
+
 def _exit_on_sigterm(signum, frame):
     raise SystemExit(128 + signum)  # unwinds through `finally`, which stops the SuperLink
 
@@ -109,6 +116,7 @@ def _exit_on_sigterm(signum, frame):
 def launch_simulation(cfg: ExperimentConfig, overrides: list[str], run_dir: Path) -> int:
     """Run the experiment; 0 when it completed and wrote its results to ``run_dir``.
     Ctrl-C or a SIGTERM stops the SuperLink (and the Ray workers under it) too."""
+    check_launch(overrides, run_dir)
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     run_dir.mkdir(parents=True, exist_ok=True)
     log_path = run_dir / "superlink.log"

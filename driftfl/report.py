@@ -46,18 +46,42 @@ class Run:
 
 
 def find_runs(paths: list[Path]) -> tuple[list[Run], list[Path]]:
-    """Completed runs under ``paths``, and the run directories that did not complete."""
+    """Completed runs under ``paths``, and the run directories that did not complete. A run
+    whose files cannot be read (a truncated metrics.json) is left out with a warning."""
     runs, unfinished = [], []
     for root in paths:
         for metrics in sorted(Path(root).rglob("metrics.json")):
             folder = metrics.parent
-            summary = folder / "summary.json"
-            if not summary.is_file() or json.loads(summary.read_text()).get("status") != "completed":
-                unfinished.append(folder)
-                continue
-            runs.append(Run(folder, yaml.safe_load((folder / "config.yaml").read_text()),
-                            json.loads(metrics.read_text())["rounds"]))
+            try:
+                summary = folder / "summary.json"
+                if not summary.is_file() or _read(summary, json.loads).get("status") != "completed":
+                    unfinished.append(folder)
+                    continue
+                runs.append(Run(folder, _read(folder / "config.yaml", yaml.safe_load),
+                                _rounds(_read(metrics, json.loads))))
+            except ValueError as err:
+                print(f"driftfl report: warning: skipping {folder}: {err}", file=sys.stderr)
     return runs, unfinished
+
+
+def _read(path: Path, parse):
+    """``path`` parsed into a mapping; ValueError names the file and what is wrong with it."""
+    try:
+        data = parse(path.read_text())
+    except (OSError, ValueError, yaml.YAMLError) as err:
+        raise ValueError(f"cannot read {path.name} ({err})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path.name} holds no mapping")
+    return data
+
+
+def _rounds(metrics: dict) -> list[dict]:
+    rounds = metrics.get("rounds")
+    if not (isinstance(rounds, list) and rounds and all(
+            isinstance(r, dict) and isinstance(r.get("test_accuracy"), (int, float))
+            for r in rounds)):
+        raise ValueError("metrics.json has no rounds with a test_accuracy")
+    return rounds
 
 
 def mean_std(values: list[float], scale: float = 100.0) -> str:

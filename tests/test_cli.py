@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 
 import pytest
@@ -50,12 +51,107 @@ def test_unknown_keys_and_bad_sweeps_are_refused_before_anything_is_written(args
     assert not (tmp_path / "run").exists() and not (tmp_path / "sweep").exists()
 
 
-def test_unknown_strategy_lists_the_valid_ones(tmp_path):
-    out = driftfl("run", "strategy=fedfoo", cwd=tmp_path)
-    assert out.returncode != 0
-    assert "Could not find 'strategy/fedfoo'" in out.stderr
-    assert all(name in out.stderr for name in ("fedavg", "fedprox", "fedavgm", "fednova"))
-    assert "Traceback" not in out.stderr
+def files_under(folder):
+    """Every file below ``folder`` with its bytes."""
+    return {p.relative_to(folder): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+
+@pytest.mark.parametrize("args, message", [
+    (["model=vgg"], "driftfl: error: unknown model 'vgg'; valid: cnn, lenet5, mlp, resnet18"),
+    # a sweep is checked for every swept option before any job runs
+    (["-m", "model=cnn,vgg"],
+     "driftfl: error: unknown model 'vgg'; valid: cnn, lenet5, mlp, resnet18"),
+])
+def test_unknown_option_of_a_config_group_is_one_line(args, message, tmp_path):
+    out = driftfl("run", *args, "hydra.run.dir=run", "hydra.sweep.dir=sweep", cwd=tmp_path)
+    assert out.returncode == 2
+    assert out.stderr.strip() == message and out.stdout == ""
+    assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("args, key", [
+    (["hydra.run.dir=/proc/x"], "hydra.run.dir"),
+    (["-m", "seed=0,1", "hydra.sweep.dir=/proc/x"], "hydra.sweep.dir"),
+])
+def test_unwritable_output_directory_is_one_line(args, key, tmp_path):
+    out = driftfl("run", *args, cwd=tmp_path)
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    kind = key.split(".")[1]
+    assert re.fullmatch(rf"driftfl: error: cannot write the {kind} directory /proc/x: [^;\n]+; "
+                        rf"choose another with {re.escape(key)}=\.\.\.\n", out.stderr)
+
+
+def test_cannot_write_says_why_and_leaves_nothing(tmp_path):
+    from driftfl.cli import cannot_write
+
+    (tmp_path / "file").write_text("")
+    assert cannot_write(tmp_path / "file" / "run") == f"{tmp_path / 'file'} is not a directory"
+    assert cannot_write(tmp_path / "new" / "run") is None and cannot_write(tmp_path) is None
+    assert [p.name for p in tmp_path.iterdir()] == ["file"]
+
+
+def test_non_finite_numbers_are_refused_before_anything_runs(tmp_path):
+    # the other settings and NaN: test_config.test_bad_settings_are_refused_with_a_clear_message
+    out = driftfl("run", "lr=inf", "rounds=1", "hydra.run.dir=run", cwd=tmp_path)
+    assert out.returncode == 2
+    assert out.stderr == "driftfl: error: lr must be a finite number, got inf\n"
+    assert not any(tmp_path.iterdir())
+
+
+def test_refused_run_leaves_an_existing_run_directory_as_it_was(tmp_path, fmnist_available):
+    run = tmp_path / "run"
+    (run / ".hydra").mkdir(parents=True)
+    (run / ".hydra" / "overrides.yaml").write_text("- the earlier run's overrides\n")
+    (run / "metrics.json").write_text("{}")
+    before = files_under(run)
+    # refused inside the Hydra job, by prepare_experiment, after Hydra made the run directory
+    out = driftfl("run", "dataset.subset=200", "partition.alpha=0.01", "partition.min_size=15",
+                  f"hydra.run.dir={run}", cwd=tmp_path)
+    assert out.returncode == 2
+    assert out.stderr.startswith("driftfl: error: Dirichlet(alpha=0.01) could not give each of "
+                                 "10 clients") and out.stderr.count("\n") == 1
+    assert files_under(run) == before and sorted(run.rglob("*")) == sorted(
+        [run / ".hydra", run / ".hydra" / "overrides.yaml", run / "metrics.json"])
+
+
+def test_refused_run_leaves_no_empty_run_directory(tmp_path):
+    out = driftfl("run", f"dataset.root={tmp_path / 'nothing'}", "hydra.run.dir=new/run",
+                  cwd=tmp_path)
+    assert out.returncode == 2
+    assert out.stderr.startswith(f"driftfl: error: Fashion-MNIST not found in {tmp_path}/nothing")
+    assert not (tmp_path / "new").exists()
+
+
+def test_an_accepted_run_gets_the_files_hydra_would_have_written(tmp_path):
+    from hydra import compose, initialize_config_dir
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import OmegaConf
+
+    from driftfl.cli import NO_HYDRA_FILES, _save_hydra_files
+    from driftfl.common.config import conf_dir
+
+    with initialize_config_dir(str(conf_dir()), version_base="1.3"):
+        cfg = compose("config", overrides=["rounds=2", NO_HYDRA_FILES], return_hydra_config=True)
+    task = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])
+    HydraConfig.instance().set_config(cfg)
+    try:
+        _save_hydra_files(task, tmp_path, ".hydra")
+    finally:
+        HydraConfig.instance().cfg = None
+    saved = {p.name: OmegaConf.load(p) for p in (tmp_path / ".hydra").iterdir()}
+    assert saved["overrides.yaml"] == ["rounds=2"] and saved["config.yaml"].rounds == 2
+    assert saved["hydra.yaml"].hydra.output_subdir == ".hydra"
+    assert NO_HYDRA_FILES not in saved["hydra.yaml"].hydra.overrides.hydra
+
+
+def test_launch_refuses_what_it_cannot_pass_on_before_writing(tmp_path):
+    from driftfl.common.config import compose
+    from driftfl.common.errors import ConfigError
+    from driftfl.launch import launch_simulation
+
+    with pytest.raises(ConfigError, match=r"cannot contain single quotes"):
+        launch_simulation(compose([]), ["label=\"it's\""], tmp_path / "run")
+    assert not (tmp_path / "run").exists()
 
 
 def test_cfg_job_prints_the_composed_experiment(tmp_path):

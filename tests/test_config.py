@@ -32,9 +32,22 @@ def test_overrides_parse_as_json_list_or_shell_words():
     assert parse_overrides("") == []
 
 
-def test_unknown_group_option_lists_the_valid_ones():
-    with pytest.raises(ConfigError, match=r"(?s)strategy/fedfoo.*Available options.*fedavg.*fednova"):
-        compose(["strategy=fedfoo"])
+@pytest.mark.parametrize("group", ["strategy", "aggregation", "selection", "dataset",
+                                   "partition", "model", "experiment"])
+def test_unknown_group_option_is_one_line_with_the_valid_ones(group):
+    from conftest import REPO
+
+    valid = sorted(path.stem for path in (REPO / "conf" / group).glob("*.yaml"))
+    plus = "+" if group == "experiment" else ""  # experiment is no default: it is added
+    with pytest.raises(ConfigError) as refused:
+        compose([f"{plus}{group}=foo"])
+    assert str(refused.value) == f"unknown {group} 'foo'; valid: {', '.join(valid)}"
+
+
+def test_a_group_outside_the_defaults_is_added_with_plus():
+    with pytest.raises(ConfigError, match=r"^experiment is not in the defaults; add it with "
+                                          r"\+experiment=fedcsd_m1$"):
+        compose(["experiment=fedcsd_m1"])
 
 
 @pytest.mark.parametrize("override, message", [
@@ -62,6 +75,12 @@ def test_required_settings_must_be_given():
     ("batch_size=2.5", "batch_size must be a whole number"),
     ("device=tpu", "unknown device 'tpu'; valid: cpu, cuda"),
     ("lr=inf", "lr must be a finite number, got inf"),
+    ("lr=nan", "lr must be a finite number, got nan"),
+    ("momentum=nan", "momentum must be a finite number, got nan"),
+    ("weight_decay=-inf", "weight_decay must be a finite number, got -inf"),
+    ("strategy=fedprox strategy.mu=inf", "strategy.mu must be a finite number, got inf"),
+    ("strategy=fedcsd strategy.tau=nan", "strategy.tau must be a finite number, got nan"),
+    ("aggregation=feddisco aggregation.a=inf", "aggregation.a must be a finite number, got inf"),
     ("seed=1.5", "seed must be a whole number, got 1.5"),
     ("partition.alpha=abc", "partition.alpha must be a number, got 'abc'"),
     ("verbose=maybe", "verbose must be true or false, got 'maybe'"),
@@ -100,7 +119,7 @@ def test_required_settings_must_be_given():
     ("strategy=fedcad strategy.alpha_source=test", "unknown strategy.alpha_source 'test'"),
     ("model.name=vgg", "unknown model 'vgg'; valid: cnn, lenet5, mlp, resnet18"),
     ("model=mlp model.hidden=[8,0]", "model.hidden.1 must be >= 1, got 0"),
-    ("aggregation.name=krum", "unknown aggregation 'krum'; valid: feddisco, fednova, mean"),
+    ("aggregation.name=bulyan", "unknown aggregation 'bulyan'; valid: feddisco, fednova, krum, mean, median, trimmed_mean"),
     ("selection.name=random", "unknown selection 'random'; valid: cka, uniform"),
     ("dataset.name=imagenet", "unknown dataset 'imagenet'; valid: cifar10, cifar100, emnist, fmnist"),
 ])

@@ -185,3 +185,28 @@ def test_npz_errors_say_what_to_do(tmp_path):
     np.savez(tmp_path / "k.npz", images=np.zeros((4, 8, 8), np.uint8))
     with pytest.raises(ConfigError, match="expected x and y"):
         load_dataset({"name": "npz", "root": str(tmp_path / "k.npz")})
+
+
+def test_npz_labels_must_be_class_indices(tmp_path):
+    x = np.zeros((4, 8, 8), np.uint8)
+    np.savez(tmp_path / "whole.npz", x=x, y=np.array([0.0, 1.0, 2.0, 3.0]))
+    _, y, _, _ = loaders.read_npz(tmp_path / "whole.npz")
+    assert y.dtype == np.int64 and y.tolist() == [0, 1, 2, 3]
+    for name, labels, message in (
+            ("half.npz", [0, 1, 2, 3.5], "y[3] is 3.5"),
+            ("negative.npz", [0, -1, 2, 3], "y[1] is -1"),
+            ("nan.npz", [0, 1, np.nan, 3], "y[2] is nan"),
+            ("text.npz", list("abcd"), "y holds non-numeric labels (str32)")):
+        np.savez(tmp_path / name, x=x, y=np.array(labels))
+        with pytest.raises(ConfigError) as refused:
+            loaders.read_npz(tmp_path / name)
+        assert str(refused.value) == (f"{tmp_path / name}: {message}; labels must be class "
+                                      "indices (whole numbers 0..C-1), one per sample; save "
+                                      "each sample's class index in y")
+    np.savez(tmp_path / "onehot.npz", x=x, y=np.eye(4))
+    with pytest.raises(ConfigError, match=r"y has shape \(4, 4\);.*y.argmax\(axis=1\)"):
+        loaders.read_npz(tmp_path / "onehot.npz")
+    np.savez(tmp_path / "split.npz", x_train=x, y_train=np.arange(4), x_test=x[:2],
+             y_test=np.array([0.5, 1.0]))
+    with pytest.raises(ConfigError, match=r"split.npz: y_test\[0\] is 0.5;.* index in y_test$"):
+        load_dataset({"name": "npz", "root": str(tmp_path / "split.npz")})

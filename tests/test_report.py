@@ -73,3 +73,23 @@ def test_report_averages_a_diagnostic_over_trained_rounds(tmp_path, capsys):
     assert out.count("| 0.375 |") == 1 and "| 1.00, 0.50 | - |" in out  # fedavg has none
     with pytest.raises(SystemExit, match="no run records mask_rate; the runs record .*logit_shift"):
         report([str(tmp_path), "--metrics", "mask_rate"])
+
+
+def test_unreadable_run_is_skipped_with_one_warning(tmp_path, capsys):
+    write_run(tmp_path / "a", "fedavg", [0.1, 0.5, 0.6])
+    write_run(tmp_path / "b", "fedavg", [0.1, 0.6, 0.8])
+    write_run(tmp_path / "c", "fedcsd", [0.1, 0.7, 0.9])
+    metrics = tmp_path / "b" / "metrics.json"
+    metrics.write_text(metrics.read_text()[:40])  # cut off mid-write
+    (tmp_path / "c" / "summary.json").write_text('{"status": "compl')
+    report([str(tmp_path)])
+    captured = capsys.readouterr()
+    warnings = captured.err.splitlines()
+    assert len(warnings) == 2
+    assert warnings[0].startswith(f"driftfl report: warning: skipping {tmp_path / 'b'}: cannot "
+                                  "read metrics.json (")
+    assert warnings[1].startswith(f"driftfl report: warning: skipping {tmp_path / 'c'}: cannot "
+                                  "read summary.json (")
+    assert "| fedavg | 1 | 2 | 60.00 ± 0.00 |" in captured.out and "fedcsd" not in captured.out
+    for name in ("report.md", "report.csv", "report.png"):
+        assert (tmp_path / name).is_file()

@@ -64,6 +64,9 @@ class ExperimentConfig(Settings):
     eval_batch_size: int = Field(1000, ge=1)
     logit_shift_samples: int = Field(256, ge=0)
     round_timeout: float = Field(3600.0, gt=0)
+    # a client's update (and the aggregate) may move the model by at most this many times
+    # the global model's norm (at least 1); a larger one is refused as corrupt or hostile
+    max_update_ratio: float = Field(10.0, gt=0)
     node_wait: float = Field(600.0, gt=0)
     simulation: SimulationSettings = SimulationSettings()
     label: str
@@ -123,8 +126,30 @@ def _composed(overrides: list[str]) -> dict:
         with initialize_config_dir(str(conf_dir()), version_base="1.3"):
             cfg = hydra_compose("config", overrides=overrides)
     except (HydraException, OmegaConfBaseException) as err:
-        raise ConfigError(_unknown_override(str(err), overrides) or str(err).strip()) from err
+        message = str(err)
+        raise ConfigError(_unknown_option(message) or _unknown_override(message, overrides)
+                          or message.strip()) from err
     return experiment_only(cfg)
+
+
+def hydra_section(overrides: list[str]) -> DictConfig:
+    """Hydra's own settings (``hydra.run.dir``, ...) under these ``hydra.*`` overrides."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    with initialize_config_dir(str(conf_dir()), version_base="1.3"):
+        return hydra_compose("config", overrides=overrides, return_hydra_config=True).hydra
+
+
+def _unknown_option(message: str) -> str | None:
+    """Hydra refuses an unknown option of a config group (``model=vgg``) in a dozen lines,
+    its options and search path among them: say it in the settings' one line instead."""
+    found = re.search(r"Could not (?:find|load) '([^']+)/([^'/]+)'", message)
+    if not found:
+        return None
+    group, name = found.groups()
+    options = sorted(path.stem for path in (conf_dir() / group).glob("*.yaml"))
+    return f"unknown {group} '{name}'; valid: {', '.join(options)}" if options else None
 
 
 def _unknown_override(message: str, overrides: list[str]) -> str | None:
@@ -135,6 +160,9 @@ def _unknown_override(message: str, overrides: list[str]) -> str | None:
         return None
     key = found.group(1)
     rest = [o for o in overrides if o.split("=", 1)[0].lstrip("+~") != key]
+    if (conf_dir() / key).is_dir():  # a group outside the defaults, such as experiment
+        given = next((o.lstrip("+~") for o in overrides if o not in rest), f"{key}=...")
+        return f"{key} is not in the defaults; add it with +{given}"
     try:
         keys = [k for k, _ in _flat(_composed(rest))]
     except ConfigError:

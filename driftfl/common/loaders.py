@@ -141,6 +141,25 @@ def as_nchw_uint8(x: np.ndarray, source: str) -> np.ndarray:
     raise ConfigError(f"{source}: cannot read image array of shape {x.shape} as (N, C, H, W)")
 
 
+def class_indices(y: np.ndarray, path: Path, key: str) -> np.ndarray:
+    """The labels ``key`` of an .npz as int64 class indices; float labels are taken only where
+    every one is a whole number (3.0, not 3.5)."""
+    y = np.asarray(y)
+    fix = (f"labels must be class indices (whole numbers 0..C-1), one per sample; "
+           f"save each sample's class index in {key}")
+    if y.ndim != 1 and y.size != len(y):
+        raise ConfigError(f"{path}: {key} has shape {y.shape}; {fix} "
+                          "(one-hot labels: y.argmax(axis=1))")
+    y = y.reshape(-1)
+    if y.dtype.kind not in "biuf":
+        raise ConfigError(f"{path}: {key} holds non-numeric labels ({y.dtype.name}); {fix}")
+    y = y.astype(np.int64) if y.dtype.kind == "b" else y
+    wrong = np.flatnonzero(~np.isfinite(y) | (y != np.round(y)) | (y < 0))
+    if len(wrong):
+        raise ConfigError(f"{path}: {key}[{wrong[0]}] is {y[wrong[0]].item()!r}; {fix}")
+    return y.astype(np.int64)
+
+
 def read_npz(path: Path):
     """Arrays from an .npz: (x_train, y_train, x_test, y_test) or (x, y, None, None)."""
     if not path.is_file():
@@ -148,17 +167,18 @@ def read_npz(path: Path):
     with np.load(path) as npz:
         keys = set(npz.files)
         if {"x_train", "y_train", "x_test", "y_test"} <= keys:
-            arrays = [npz[k] for k in ("x_train", "y_train", "x_test", "y_test")]
+            names = ("x_train", "y_train", "x_test", "y_test")
         elif {"x", "y"} <= keys:
-            arrays = [npz["x"], npz["y"], None, None]
+            names = ("x", "y")
         else:
             raise ConfigError(
                 f"{path} holds arrays {sorted(keys)}; expected x and y "
                 "(or x_train, y_train, x_test, y_test)"
             )
-    for x, y in (arrays[:2], arrays[2:]):
-        if x is not None and len(x) != len(y):
-            raise ConfigError(f"{path}: {len(x)} images but {len(y)} labels")
-    xs = [None if a is None else as_nchw_uint8(a, str(path)) for a in arrays[0::2]]
-    ys = [None if a is None else np.asarray(a).astype(np.int64).reshape(-1) for a in arrays[1::2]]
-    return xs[0], ys[0], xs[1], ys[1]
+        arrays = [npz[k] for k in names]
+    result = []
+    for x_key, y_key, x, y in zip(names[0::2], names[1::2], arrays[0::2], arrays[1::2]):
+        if len(x) != len(y):
+            raise ConfigError(f"{path}: {len(x)} images in {x_key} but {len(y)} labels in {y_key}")
+        result += [as_nchw_uint8(x, str(path)), class_indices(y, path, y_key)]
+    return tuple(result + [None, None])[:4]
