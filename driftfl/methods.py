@@ -117,6 +117,7 @@ def check_experiment(cfg: ExperimentConfig | dict[str, Any]) -> ExperimentConfig
         raise ConfigError(f"selection={checked.selection.name} needs what only strategy="
                           f"{' / '.join(offer)} provides ({', '.join(sorted(missing))}); with "
                           f"strategy={checked.strategy.name} use selection=uniform ({SPEC})")
+    AGGREGATIONS[checked.aggregation.name].check(checked)
     return checked
 
 

@@ -30,7 +30,7 @@ def message(node, records):
     return Message(metadata=metadata(node), content=RecordDict(records))
 
 
-def reply(node, w, n, count=7, steps=None, **metrics):
+def reply(node, w, n, count=7, steps=1, **metrics):
     arrays = ArrayRecord({"w": Array(np.asarray(w, np.float32)),
                           "count": Array(np.array(count, np.int64))})
     values = {NUM_EXAMPLES: n, **metrics}
@@ -75,7 +75,11 @@ def test_replies_are_used_in_node_order_not_arrival_order():
     (lambda: reply(9, [np.nan, 0.0], n=10), "NaN or infinite"),
     (lambda: reply(9, [1.0, 2.0, 3.0], n=10), r"float32\[3\], expected float32\[2\]"),
     (lambda: reply(9, [1.0, 1.0], n=0), "not a positive number"),
-    (lambda: reply(9, [1.0, 1.0], n=float("inf")), "not a positive number"),
+    (lambda: reply(9, [1.0, 1.0], n=float("inf")), "'num-examples' is inf"),
+    (lambda: reply(9, [1e30, 1.0], n=10), r"update's norm 1e\+30 exceeds the bound 14.1"),
+    (lambda: reply(9, [1.0, 1.0], n=10, loss=float("nan")), "metric 'loss' is nan"),
+    (lambda: reply(9, [1.0, 1.0], n=10, steps=0), "at least one local step"),
+    (lambda: reply(9, [1.0, 1.0], n=10, per_class=[0.5, float("inf")]), "infinite"),
 ])
 def test_a_bad_reply_never_touches_the_global_model(bad, reason):
     strategy = started(FedAvg())
@@ -113,7 +117,7 @@ def test_metric_means_use_only_keys_every_client_sent():
     updates = [check_reply(reply(1, [1, 1], n=1, a=1.0, b=5.0), GLOBAL),
                check_reply(reply(2, [1, 1], n=3, a=3.0), GLOBAL)]
     metrics = mean_metrics(updates, example_weights(updates))
-    assert metrics == {"a": 2.5, NUM_EXAMPLES: 4.0}
+    assert metrics == {"a": 2.5, LOCAL_STEPS: 1.0, NUM_EXAMPLES: 4.0}
 
 
 def test_weighted_average_of_many_clients_matches_numpy():
@@ -159,10 +163,10 @@ def test_fednova_rejects_replies_without_a_usable_step_count_instead_of_failing(
     strategy = nova()
     arrays, metrics = aggregate(strategy, [reply(1, [3.0, 1.0], n=10, steps=0),
                                            reply(2, [1.0, -5.0], n=30, steps=float("inf")),
-                                           reply(3, [1.0, -5.0], n=30)])
+                                           reply(3, [1.0, -5.0], n=30, steps=None)])
     assert arrays is None and metrics is None
     assert strategy.report.clients == 0 and len(strategy.report.rejected) == 3
-    assert all("FedNova needs a finite count of at least 1" in r for r in strategy.report.rejected)
+    assert all(LOCAL_STEPS in r for r in strategy.report.rejected)
     arrays, _ = aggregate(strategy, [reply(1, [3.0, 1.0], n=10, steps=2),
                                      reply(2, [1.0, -5.0], n=30, steps=0)])
     assert np.allclose(arrays["w"], [3.0, 1.0])  # the one usable reply, as FedNova steps it

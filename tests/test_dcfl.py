@@ -19,7 +19,7 @@ from driftfl.strategies.cka import (cka_matrix, complementary_group, exploit_pro
                                     keep_lowest_loss, linear_cka, select_clients)
 from driftfl.strategies.dcfl import check_condensed
 from driftfl.strategies.feddisco import discrepancy, disco_weights
-from test_methods import InProcessGrid
+from test_methods import InProcessGrid, fmnist_nodes
 
 
 # -- CKA ----------------------------------------------------------------------------------
@@ -109,7 +109,7 @@ def run_rounds(overrides: list[str], rounds: int = 2):
     cfg = experiment.cfg
     model = experiment.initial_model()
     strategy = build_strategy(cfg, model, None)
-    grid = InProcessGrid({100 + i: {"partition-id": i, "num-partitions": 4} for i in range(4)})
+    grid = InProcessGrid(fmnist_nodes(4))
     record = ConfigRecord({EXPERIMENT: cfg.to_json(), DATASET_META: experiment.meta.to_json()})
     clients = survey_clients(grid, record, 4, node_wait=5, timeout=60)
     strategy.meet(clients)
@@ -197,6 +197,7 @@ def test_a_reply_with_a_bad_condensed_set_changes_no_dcfl_state(fmnist_available
     strategy, _, _ = run_rounds(["strategy=dcfl", *TINY, "strategy.pretrain_requests=0"], 1)
     before = (list(strategy.explored), dict(strategy.store))
     strategy.asked = {999}
+    strategy.surveyed[999] = 10  # a surveyed node
     from driftfl.strategies.aggregation import ClientUpdate
 
     # a reply that passed the common checks, from a node asked to condense

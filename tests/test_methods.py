@@ -30,6 +30,13 @@ TINY = ["model=mlp", "dataset.subset=2000", "dataset.test_subset=200", "num_clie
         "rounds=1", "logit_shift_samples=32"]
 
 
+def fmnist_nodes(n: int) -> dict[int, dict]:
+    """Node configs of n nodes holding Fashion-MNIST partitions (node ids 100, 101, ...): as
+    deployment nodes name their data, since in-process calls do not count as simulation."""
+    return {100 + i: {"dataset": "fmnist", "partition-id": i, "num-partitions": n}
+            for i in range(n)}
+
+
 class InProcessGrid:
     """A Grid whose nodes are ClientApp calls in this process, each with its own Context
     (node config and state), as a SuperNode keeps them."""
@@ -62,8 +69,7 @@ def test_every_method_composes_validates_and_trains_one_round(name, fmnist_avail
     strategy = build_strategy(cfg, model, experiment.aux_set(model))
     assert isinstance(strategy, METHODS[name].strategy)
 
-    grid = InProcessGrid({101: {"partition-id": 0, "num-partitions": 2},
-                          102: {"partition-id": 1, "num-partitions": 2}})
+    grid = InProcessGrid(fmnist_nodes(2))
     record = ConfigRecord({EXPERIMENT: cfg.to_json(), DATASET_META: experiment.meta.to_json()})
     clients = survey_clients(grid, record, 2, node_wait=5, timeout=60)
     strategy.meet(clients)

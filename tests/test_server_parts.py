@@ -79,6 +79,13 @@ def test_round_line_shows_accuracy_time_and_traffic():
     line = console.round_line({"round": 2, "test_accuracy": 0.8512, "test_loss": 0.41,
                                "train_seconds": 12.3, "eval_seconds": 0.8, "clients": 10,
                                "bytes_sent": 3 * 1024 ** 2, "bytes_received": 1024,
-                               "rejected": 1}, 5)
+                               "rejected": 1, "rejected_partitions": "7",
+                               "model_updated": 1}, 5)
     assert line.startswith("round   2/5  test acc  85.12%  loss 0.4100")
-    assert "10 clients, 3.0 MB out, 1.0 KB in, 1 rejected" in line
+    assert line.endswith("10 clients, 3.0 MB out, 1.0 KB in, 1 rejected (partitions 7)")
+    stuck = console.round_line({"round": 3, "test_accuracy": 0.1, "test_loss": 2.3,
+                                "train_seconds": 1.0, "eval_seconds": 0.8, "clients": 0,
+                                "bytes_sent": 10, "bytes_received": 10, "rejected": 2,
+                                "rejected_partitions": "0 1", "model_updated": 0}, 5)
+    assert stuck.endswith("2 rejected (partitions 0 1)  |  no usable reply: the global model "
+                          "stays")

@@ -9,8 +9,8 @@ from flwr.app import (Array, ArrayRecord, ConfigRecord, Error, Message, Metadata
 
 from driftfl.common.config import compose
 from driftfl.common.models import build_model
-from driftfl.common.protocol import (ARRAYS, CONFIG, METRICS, NUM_EXAMPLES, PROTOTYPES,
-                                     PROTOTYPES_IN_REPLY, TEACHER)
+from driftfl.common.protocol import (ARRAYS, CONFIG, LOCAL_STEPS, METRICS, NUM_EXAMPLES,
+                                     PROTOTYPES, PROTOTYPES_IN_REPLY, TEACHER)
 from driftfl.methods import build_strategy, check_experiment
 from driftfl.strategies.fedcsd import check_prototypes, global_prototypes
 from driftfl.strategies.teacher import ema, mean_of
@@ -32,7 +32,7 @@ def prototype_reply(node, prototypes, counts):
 def train_reply(node, arrays, n=10):
     record = ArrayRecord({k: Array(v) for k, v in arrays.items()})
     return Message(metadata=metadata(node), content=RecordDict(
-        {ARRAYS: record, METRICS: MetricRecord({NUM_EXAMPLES: n})}))
+        {ARRAYS: record, METRICS: MetricRecord({NUM_EXAMPLES: n, LOCAL_STEPS: 1})}))
 
 
 def test_global_prototypes_average_over_the_clients_holding_each_class():
@@ -52,7 +52,18 @@ def test_prototype_replies_are_checked():
     assert "for 3 classes" in check_prototypes(prototype_reply(1, np.zeros((2, 2)), [1, 1]), 3)
     nan = np.zeros((3, 3))
     nan[0, 0] = np.nan
-    assert "NaN" in check_prototypes(prototype_reply(1, nan, [1, 0, 2]), 3)
+    assert "not finite" in check_prototypes(prototype_reply(1, nan, [1, 0, 2]), 3)
+    # the probe's attack: prototypes of 3e38 and NaN counts, once forwarded to every client
+    assert "within +-10000" in check_prototypes(prototype_reply(1, np.full((3, 3), 3e38),
+                                                                [1, 0, 2]), 3)
+    nan_counts = ArrayRecord({"prototypes": Array(np.zeros((3, 3), np.float32)),
+                              "counts": Array(np.array([1.0, np.nan, 2.0]))})
+    msg = Message(metadata=metadata(1, "query.csd_prototypes"),
+                  content=RecordDict({PROTOTYPES: nan_counts}))
+    assert "counts are not whole" in check_prototypes(msg, 3)
+    assert "counts are not whole" in check_prototypes(prototype_reply(1, np.zeros((3, 3)),
+                                                                      [1, -1, 2]), 3)
+    assert "at most 2" in check_prototypes(good, 3, num_examples=2)  # more than it holds
     error = Message(metadata=metadata(2), error=Error(code=1, reason="boom"))
     assert "boom" in check_prototypes(error, 3)
 

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from flwr.app import ConfigRecord, Context, Message, MessageType, MetricRecord, RecordDict
+from flwr.app import ConfigRecord, Context, MetricRecord
 from flwr.serverapp import Grid, ServerApp
 
 from driftfl.common import paths
@@ -19,16 +19,15 @@ from driftfl.common.datasets import to_tensors
 from driftfl.common.errors import ConfigError
 from driftfl.common.evaluation import evaluate
 from driftfl.common.partition import describe
-from driftfl.common.protocol import (CONFIG, DATA_SUMMARY, DATASET_META, EXPERIMENT,
-                                     LABEL_HISTOGRAM, METRICS, NUM_EXAMPLES, PARTITION_ID,
-                                     load_arrays, load_numpy, model_to_arrays)
+from driftfl.common.protocol import (DATASET_META, EXPERIMENT, load_arrays, load_numpy,
+                                     model_to_arrays)
 from driftfl.methods import build_strategy
 from driftfl.strategies import DriftStrategy
-from driftfl.strategies.base import wait_for_nodes
 
 from . import console
 from .experiment import Experiment, prepare_experiment
 from .results import RunRecorder
+from .survey import survey_clients
 from .traffic import MeteredGrid
 
 app = ServerApp()
@@ -91,37 +90,23 @@ def run_experiment(grid: Grid, experiment: Experiment, run_dir: Path, run_id: in
     load_arrays(model, result.arrays if len(result.arrays) else model_to_arrays(model))
     rows = recorder.rows
     best = max(rows, key=lambda r: r["test_accuracy"])
-    summary = {"status": "completed", "rounds": cfg.rounds,
+    trained = [r for r in rows if r["model_updated"]]
+    summary = {"status": "completed" if trained else "failed", "rounds": cfg.rounds,
+               "rounds_without_usable_reply": len(rows) - 1 - len(trained),
                "final_accuracy": rows[-1]["test_accuracy"], "final_loss": rows[-1]["test_loss"],
                "best_accuracy": best["test_accuracy"], "best_round": best["round"],
                "seconds": time.time() - recorder.started,
                "bytes_sent": sum(r["bytes_sent"] for r in rows),
                "bytes_received": sum(r["bytes_received"] for r in rows)}
+    if not trained:
+        last = strategy.report.rejected
+        summary["reason"] = ("no round got a usable client reply, so the model never trained"
+                             + (f"; the last round's first rejection: {last[0]}" if last else ""))
     recorder.finish(model, summary, title)
+    if not trained:
+        raise ConfigError(summary["reason"])
     print(console.summary_line(summary, run_dir), flush=True)
     return summary
-
-
-def survey_clients(grid: MeteredGrid, experiment_record: ConfigRecord, expected: int,
-                   node_wait: float, timeout: float) -> list[dict]:
-    """Ask every node what data it holds, before the first round; a node that cannot read its
-    data fails the run here, with its reason."""
-    nodes = wait_for_nodes(grid, expected, timeout=node_wait)
-    query = [Message(RecordDict({CONFIG: experiment_record}), dst_node_id=node,
-                     message_type=f"{MessageType.QUERY}.{DATA_SUMMARY}") for node in nodes]
-    replies = grid.send_and_receive(query, timeout=timeout)
-    failures = [r.error.reason for r in replies if r.has_error()]
-    if failures or len(replies) < len(nodes):
-        reason = failures[0] if failures else f"only {len(replies)} of {len(nodes)} answered"
-        raise ConfigError(f"a client cannot read its data: {reason}")
-    clients = []
-    for reply in replies:
-        metrics = reply.content[METRICS]
-        clients.append({"node_id": reply.metadata.src_node_id,
-                        "partition_id": int(metrics[PARTITION_ID]),
-                        "num_examples": int(metrics[NUM_EXAMPLES]),
-                        "label_histogram": [int(v) for v in metrics[LABEL_HISTOGRAM]]})
-    return sorted(clients, key=lambda c: (c["partition_id"], c["node_id"]))
 
 
 class RoundEvaluator:
@@ -164,7 +149,10 @@ class RoundEvaluator:
                     "train_seconds": eval_started - self.round_started if server_round else 0.0,
                     "eval_seconds": now - eval_started,
                     "clients": report.clients if report else 0,
+                    "model_updated": int(bool(report and report.clients
+                                              and not report.refused_aggregate)),
                     "rejected": len(report.rejected) if report else 0,
+                    "rejected_partitions": " ".join(report.rejected_partitions) if report else "",
                     "bytes_sent": sent, "bytes_received": received,
                     "per_class_accuracy": per_class})
         self.recorder.add_round(row)

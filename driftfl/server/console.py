@@ -52,7 +52,9 @@ def round_line(row: dict, rounds: int) -> str:
         text += (f"  |  {row['clients']} clients, {_size(row['bytes_sent'])} out, "
                  f"{_size(row['bytes_received'])} in")
         if row.get("rejected"):
-            text += f", {row['rejected']} rejected"
+            text += f", {row['rejected']} rejected (partitions {row['rejected_partitions']})"
+        if not row["model_updated"]:
+            text += "  |  no usable reply: the global model stays"
     return text
 
 

@@ -12,7 +12,7 @@ from flwr.app import Array, ArrayRecord, Message
 from torch import nn
 
 from driftfl.common.config import ExperimentConfig
-from driftfl.common.protocol import ARRAYS, METRICS, NUM_EXAMPLES
+from driftfl.common.protocol import ARRAYS, LOCAL_STEPS, METRICS, NUM_EXAMPLES
 from driftfl.common.settings import NoSettings, Settings
 
 
@@ -30,8 +30,12 @@ class ClientUpdate:
         return self.metrics[NUM_EXAMPLES]
 
 
-def check_reply(msg: Message, reference: dict[str, np.ndarray]) -> ClientUpdate | str:
-    """A ClientUpdate, or the reason this reply must not touch the global model."""
+def check_reply(msg: Message, reference: dict[str, np.ndarray],
+                max_update_ratio: float = math.inf) -> ClientUpdate | str:
+    """A ClientUpdate, or the reason this reply must not touch the global model: its model has
+    the global model's keys, shapes and dtypes, finite values and an update no larger than
+    ``max_update_ratio`` times the global model's norm (at least 1); its metrics are finite;
+    it trained on a positive number of examples in at least one local step."""
     if msg.has_error():
         return f"error reply: {msg.error.reason}"
     content = msg.content
@@ -52,16 +56,54 @@ def check_reply(msg: Message, reference: dict[str, np.ndarray]) -> ClientUpdate 
         if value.dtype.kind == "f" and not np.isfinite(value).all():
             return f"array '{key}' holds NaN or infinite values"
         arrays[key] = value
-    metrics = {}
-    for key, value in content.metric_records[METRICS].items():
-        if isinstance(value, list):
-            metrics[key] = [float(v) for v in value]
-        elif isinstance(value, (int, float)) and not isinstance(value, bool):
-            metrics[key] = float(value)
+    update, bound = update_norm(arrays, reference), norm_bound(reference, max_update_ratio)
+    if not update <= bound:
+        return f"its update's norm {update:.3g} exceeds the bound {bound:.3g} (max_update_ratio)"
+    metrics = read_metrics(content.metric_records[METRICS])
+    if isinstance(metrics, str):
+        return metrics
     n = metrics.get(NUM_EXAMPLES)
-    if n is None or not math.isfinite(n) or n <= 0:
+    if not isinstance(n, float) or n <= 0:
         return f"'{NUM_EXAMPLES}' is missing or not a positive number"
+    steps = metrics.get(LOCAL_STEPS)
+    if not isinstance(steps, float) or steps < 1:
+        return f"'{LOCAL_STEPS}' is {steps}; a reply must report at least one local step"
     return ClientUpdate(msg.metadata.src_node_id, arrays, metrics, msg)
+
+
+def read_metrics(record) -> dict[str, float | list[float]] | str:
+    """A reply's metrics as floats and lists of floats, or why they cannot be used: a scalar
+    must be finite; a list (a value per class) may hold NaN for a class the client lacks, not
+    an infinity."""
+    metrics: dict[str, float | list[float]] = {}
+    for key, value in record.items():
+        if isinstance(value, list):
+            values = [float(v) for v in value]
+            if any(math.isinf(v) for v in values):
+                return f"metric '{key}' holds an infinite value"
+            metrics[key] = values
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            if not math.isfinite(value):
+                return f"metric '{key}' is {value}"
+            metrics[key] = float(value)
+    return metrics
+
+
+def model_norm(arrays: dict[str, np.ndarray]) -> float:
+    """The L2 norm over every floating array of a model (parameters and buffers)."""
+    return math.sqrt(sum(float(np.sum(np.square(v, dtype=np.float64)))
+                         for v in arrays.values() if v.dtype.kind == "f"))
+
+
+def update_norm(arrays: dict[str, np.ndarray], reference: dict[str, np.ndarray]) -> float:
+    return model_norm({k: v.astype(np.float64) - reference[k] for k, v in arrays.items()
+                       if v.dtype.kind == "f"})
+
+
+def norm_bound(reference: dict[str, np.ndarray], max_update_ratio: float) -> float:
+    """How far a reply (or the aggregate) may move from the global model: ``max_update_ratio``
+    times its norm, at least ``max_update_ratio`` (a model near zero may still learn)."""
+    return max_update_ratio * max(1.0, model_norm(reference))
 
 
 def example_weights(updates: list[ClientUpdate]) -> np.ndarray:
@@ -124,12 +166,21 @@ class Aggregation:
     def from_config(cls, cfg: ExperimentConfig, model: nn.Module) -> Aggregation:
         return cls()
 
+    @classmethod
+    def check(cls, cfg: ExperimentConfig) -> None:
+        """Refuse (ConfigError) an experiment this rule cannot serve, before anything runs."""
+
     def meet(self, clients: list[dict]) -> None:
         """What the data survey found (node_id, partition_id, num_examples, label_histogram
         per client), before the first round; FedDisco keeps the histograms."""
 
     def reject(self, update: ClientUpdate) -> str | None:
         """Why this rule cannot use a reply that passed the common checks (None: it can)."""
+        return None
+
+    def refuse(self, updates: list[ClientUpdate]) -> str | None:
+        """Why this round's accepted replies together cannot be aggregated (None: they can);
+        the round then keeps the global model."""
         return None
 
     def weights(self, updates: list[ClientUpdate]) -> np.ndarray:

@@ -5,7 +5,9 @@
 - Reproducible sampling: the seed and the round fix which clients train, by partition id, not by
   the random node ids Flower assigns.
 - Every train message carries the experiment, the dataset description and the local objective.
-- Replies are checked before they touch the global model (see ``aggregation.check_reply``).
+- Replies are checked before they touch the global model (see ``aggregation.check_reply``):
+  the common checks, the number of examples against what the node reported in the data
+  survey, and the aggregation's own; the aggregate is checked before it replaces the model.
 
 A strategy takes its settings as constructor arguments, as Flower's own do; ``from_config``
 builds any of them from a checked experiment. Flower's FedProx and FedAvgM are reused by
@@ -32,11 +34,11 @@ from torch import nn
 
 from driftfl.common.config import ExperimentConfig
 from driftfl.common.errors import ConfigError
-from driftfl.common.protocol import ARRAYS, CONFIG, METHOD, SERVER_ROUND
+from driftfl.common.protocol import ARRAYS, CONFIG, METHOD, METRICS, NUM_EXAMPLES, SERVER_ROUND
 from driftfl.common.settings import Settings
 
 from .aggregation import (Aggregation, ClientUpdate, check_reply, example_weights, mean_metrics,
-                          to_numpy, to_record)
+                          norm_bound, read_metrics, to_numpy, to_record, update_norm)
 from .parts import AGGREGATIONS, SELECTIONS
 from .selection import ExploredClients, Selection
 
@@ -57,7 +59,9 @@ class RoundReport:
     """What the last round's aggregation saw, for the per-round metrics row."""
 
     clients: int = 0
-    rejected: list[str] = field(default_factory=list)
+    rejected: list[str] = field(default_factory=list)  # "partition 3 (node 81...): reason"
+    rejected_partitions: list[str] = field(default_factory=list)  # as client_name gives them
+    refused_aggregate: str = ""  # why the aggregate did not replace the global model
     train_metrics: dict[str, float] = field(default_factory=dict)
     evaluate_metrics: dict[str, float] = field(default_factory=dict)
 
@@ -70,18 +74,22 @@ class DriftStrategy(FedAvg):
 
     def __init__(self, *, selection: Selection | None = None,
                  aggregation: Aggregation | None = None, objective: str = "ce",
-                 round_timeout: float = 3600.0, **kwargs) -> None:
+                 round_timeout: float = 3600.0, max_update_ratio: float = 10.0,
+                 **kwargs) -> None:
         super().__init__(**kwargs)  # Flower's own settings (fraction_train, ...)
-        self.assemble(selection, aggregation, objective, round_timeout)
+        self.assemble(selection, aggregation, objective, round_timeout, max_update_ratio)
 
     def assemble(self, selection: Selection | None, aggregation: Aggregation | None,
-                 objective: str, round_timeout: float) -> None:
+                 objective: str, round_timeout: float, max_update_ratio: float) -> None:
         """Take the parts, and start with no state."""
         self.selection = selection or Selection()
         self.aggregation = aggregation or Aggregation()
         self.objective = objective  # the clients' local objective
         self.round_timeout = round_timeout  # for exchanges a strategy runs in configure_train
-        self.node_rank: dict[int, int] = {}  # node id -> partition id (data-summary query)
+        # a reply's (and the aggregate's) update may be this many times the model's norm
+        self.max_update_ratio = max_update_ratio
+        self.node_rank: dict[int, int] = {}  # node id -> partition id (data survey)
+        self.surveyed: dict[int, int] | None = None  # node id -> num_examples (data survey)
         self.report = RoundReport()
         self.global_arrays: dict[str, np.ndarray] = {}  # the model sent this round
         self.last_aggregate: dict[str, np.ndarray] = {}  # what the aggregation made of it
@@ -99,6 +107,7 @@ class DriftStrategy(FedAvg):
             return cls(selection=SELECTIONS[cfg.selection.name].from_config(cfg, model),
                        aggregation=AGGREGATIONS[cfg.aggregation.name].from_config(cfg, model),
                        objective=cfg.strategy.objective, round_timeout=cfg.round_timeout,
+                       max_update_ratio=cfg.max_update_ratio,
                        fraction_train=cfg.fraction, fraction_evaluate=cfg.fraction_evaluate,
                        min_train_nodes=1, min_evaluate_nodes=0,
                        min_available_nodes=cfg.num_clients,
@@ -118,12 +127,15 @@ class DriftStrategy(FedAvg):
         """What the data survey found, before the first round: each client's node_id,
         partition_id, num_examples and label_histogram."""
         self.node_rank = {c["node_id"]: c["partition_id"] for c in clients}
+        self.surveyed = {c["node_id"]: c["num_examples"] for c in clients}
         self.aggregation.meet(clients)
 
     # -- which clients train -------------------------------------------------------------
     def sample(self, server_round: int, grid: Grid) -> list[int]:
-        """floor(fraction * nodes) clients (at least min_train_nodes), chosen by the selection."""
-        nodes = sorted(wait_for_nodes(grid, self.min_available_nodes), key=self.rank)
+        """floor(fraction * nodes) clients (at least min_train_nodes), chosen by the selection
+        among the surveyed nodes (a node the survey refused never trains)."""
+        nodes = sorted(filter(self.usable, wait_for_nodes(grid, self.min_available_nodes)),
+                       key=self.rank)
         return self.selection.select(server_round, nodes, self.train_count(len(nodes)),
                                      self.explored_clients())
 
@@ -134,6 +146,20 @@ class DriftStrategy(FedAvg):
     def explored_clients(self) -> ExploredClients | None:
         """What the strategy knows of the clients, for a selection that needs it (DCFL)."""
         return None
+
+    def usable(self, node: int) -> bool:
+        """Whether the data survey accepted this node (every node before a survey)."""
+        return self.surveyed is None or node in self.surveyed
+
+    def client_name(self, node: int) -> str:
+        """A client as logs and the run directory name it: its partition id, or for a node
+        with its own data (no partition) its node id."""
+        partition = self.node_rank.get(node, -1)
+        return str(partition) if partition >= 0 else f"node{node}"
+
+    def describe(self, node: int) -> str:
+        partition = self.node_rank.get(node, -1)
+        return f"partition {partition} (node {node})" if partition >= 0 else f"node {node}"
 
     def rank(self, node: int) -> tuple[float, int]:
         """A node's place in every ordering: its partition id, then its node id."""
@@ -169,24 +195,43 @@ class DriftStrategy(FedAvg):
     def accept(self, replies: Iterable[Message]) -> list[ClientUpdate]:
         """The replies that pass every check (the common ones and the aggregation's own); the
         rest are logged and counted, never used."""
-        updates, rejected = [], []
+        updates, report = [], RoundReport()
         for msg in self.in_node_order(replies):
-            checked = check_reply(msg, self.global_arrays)
+            checked = check_reply(msg, self.global_arrays, self.max_update_ratio)
             if not isinstance(checked, str):
                 checked = self.reject(checked) or checked
             if isinstance(checked, str):
                 node = msg.metadata.src_node_id
-                rejected.append(f"node {node}: {checked}")
-                log(WARNING, "round reply from node %s rejected: %s", node, checked)
+                report.rejected.append(f"{self.describe(node)}: {checked}")
+                report.rejected_partitions.append(self.client_name(node))
+                log(WARNING, "round reply from %s rejected: %s", self.describe(node), checked)
             else:
                 updates.append(checked)
-        self.report = RoundReport(clients=len(updates), rejected=rejected)
+        report.clients = len(updates)
+        self.report = report
         self.last_updates = updates
         return updates
 
     def reject(self, update: ClientUpdate) -> str | None:
         """Why a reply that passed the common checks cannot be used (None: it can)."""
+        if self.surveyed is not None:
+            surveyed = self.surveyed.get(update.node_id)
+            if surveyed is None:
+                return "the node was not accepted in the data survey"
+            if update.num_examples > surveyed:
+                return (f"it claims {update.num_examples:g} examples; the data survey "
+                        f"found {surveyed}")
         return self.aggregation.reject(update)
+
+    def refuse_aggregate(self, arrays: dict[str, np.ndarray]) -> str | None:
+        """Why an aggregate must not replace the global model (None: it may)."""
+        if not all(np.isfinite(v).all() for v in arrays.values() if v.dtype.kind == "f"):
+            return "the aggregate holds NaN or infinite values"
+        update = update_norm(arrays, self.global_arrays)
+        bound = norm_bound(self.global_arrays, self.max_update_ratio)
+        if not update <= bound:
+            return f"the aggregate's update norm {update:.3g} exceeds the bound {bound:.3g}"
+        return None
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]
                         ) -> tuple[ArrayRecord | None, MetricRecord | None]:
@@ -197,7 +242,14 @@ class DriftStrategy(FedAvg):
             return None, None
         metrics = mean_metrics(updates, example_weights(updates))
         self.report.train_metrics = metrics
-        self.last_aggregate = self.aggregation.aggregate(updates, self.global_arrays)
+        refused = self.aggregation.refuse(updates)
+        aggregate = {} if refused else self.aggregation.aggregate(updates, self.global_arrays)
+        refused = refused or self.refuse_aggregate(aggregate)
+        if refused:
+            log(WARNING, "round %d: %s; the global model stays as it was", server_round, refused)
+            self.report.refused_aggregate = refused
+            return None, None
+        self.last_aggregate = aggregate
         return to_record(self.last_aggregate), MetricRecord(
             {k: v for k, v in metrics.items() if not isinstance(v, list)})
 
@@ -214,11 +266,47 @@ class DriftStrategy(FedAvg):
         """Image sets (images, labels) to show as PNG grids, by name (DCFL's condensed sets)."""
         return {}
 
+    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                           grid: Grid) -> Iterable[Message]:
+        """Flower's sampling for federated evaluation, among the surveyed nodes only."""
+        messages = super().configure_evaluate(server_round, arrays, config, grid)
+        return [m for m in messages if self.usable(m.metadata.dst_node_id)]
+
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]
                            ) -> MetricRecord | None:
-        metrics = super().aggregate_evaluate(server_round, replies)
+        """The example-weighted mean of the evaluation replies that pass the checks."""
+        usable: list[tuple[float, dict]] = []
+        for msg in self.in_node_order(replies):
+            checked = self.check_evaluation(msg)
+            if isinstance(checked, str):
+                log(WARNING, "evaluation reply from %s rejected: %s",
+                    self.describe(msg.metadata.src_node_id), checked)
+            else:
+                usable.append(checked)
+        metrics = None
+        if usable:
+            weights = np.array([n for n, _ in usable]) / sum(n for n, _ in usable)
+            shared = set.intersection(*(set(m) for _, m in usable))
+            metrics = MetricRecord({key: float(sum(w * m[key] for w, (_, m) in
+                                                   zip(weights, usable)))
+                                    for key in sorted(shared)})
         self.report.evaluate_metrics = dict(metrics or {})
         return metrics
+
+    def check_evaluation(self, msg: Message) -> tuple[float, dict[str, float]] | str:
+        """(num-examples, scalar metrics) of an evaluation reply, or why it cannot be used."""
+        if msg.has_error():
+            return f"error reply: {msg.error.reason}"
+        if METRICS not in msg.content.metric_records:
+            return f"reply lacks the '{METRICS}' record"
+        metrics = read_metrics(msg.content.metric_records[METRICS])
+        if isinstance(metrics, str):
+            return metrics
+        n = metrics.pop(NUM_EXAMPLES, None)
+        surveyed = (self.surveyed or {}).get(msg.metadata.src_node_id, math.inf)
+        if not isinstance(n, float) or not 0 < n <= surveyed:
+            return f"'{NUM_EXAMPLES}' is {n}; expected 1..{surveyed} (the data survey's count)"
+        return n, {k: v for k, v in metrics.items() if isinstance(v, float)}
 
 
 class FlowerFirst:
@@ -228,9 +316,10 @@ class FlowerFirst:
 
     def __init__(self, *, selection: Selection | None = None,
                  aggregation: Aggregation | None = None, objective: str = "ce",
-                 round_timeout: float = 3600.0, **kwargs) -> None:
+                 round_timeout: float = 3600.0, max_update_ratio: float = 10.0,
+                 **kwargs) -> None:
         super().__init__(**kwargs)
-        self.assemble(selection, aggregation, objective, round_timeout)
+        self.assemble(selection, aggregation, objective, round_timeout, max_update_ratio)
 
 
 def wait_for_nodes(grid: Grid, minimum: int, timeout: float = math.inf,

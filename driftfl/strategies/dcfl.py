@@ -48,6 +48,11 @@ PRIVACY = ("driftfl: DCFL sends condensed images of every explored client's data
            "data looks like. Use it only where that is acceptable.")
 
 
+# No trained classifier weight comes near this; a larger one is corrupt or hostile (and would
+# overflow the CKA products).
+CLASSIFIER_BOUND = 1e4
+
+
 class DCFLSettings(StrategySettings, CondensationSettings):
     pretrain_fraction: float = Field(0.25, gt=0, le=1)  # C_pre
     pretrain_requests: int = Field(2, ge=0)  # M (0: no pre-training stage)
@@ -144,12 +149,6 @@ class DCFL(DriftStrategy):
         if seconds is not None and math.isfinite(seconds):
             self.log.condense_seconds[f"client_{self.client_name(node)}"] = seconds
 
-    def client_name(self, node: int) -> str:
-        """A client as the run directory names it: its partition id, or for a node with its
-        own data (no partition) its node id."""
-        partition = self.node_rank.get(node, -1)
-        return str(partition) if partition >= 0 else f"node{node}"
-
     def partition_ids(self, nodes) -> list[str]:
         return [self.client_name(n) for n in nodes]
 
@@ -160,7 +159,8 @@ class DCFL(DriftStrategy):
             return arrays
         query_config = ConfigRecord(dict(config))
         query_config[SERVER_ROUND] = 0
-        nodes = sorted(wait_for_nodes(grid, self.min_available_nodes), key=self.rank)
+        nodes = sorted(filter(self.usable, wait_for_nodes(grid, self.min_available_nodes)),
+                       key=self.rank)
         count = min(len(nodes), max(math.floor(self.pretrain_fraction * len(nodes) + 1e-9), 1))
         head = self.head_shape()
         for request in range(1, self.pretrain_requests + 1):
@@ -175,8 +175,8 @@ class DCFL(DriftStrategy):
             for reply in self.in_node_order(replies):
                 checked = self.check_pretrain_reply(reply, head)
                 if isinstance(checked, str):
-                    log(WARNING, "DCFL pre-training reply from node %s rejected: %s",
-                        reply.metadata.src_node_id, checked)
+                    log(WARNING, "DCFL pre-training reply from %s rejected: %s",
+                        self.describe(reply.metadata.src_node_id), checked)
                     continue
                 self.explore(reply.metadata.src_node_id, *checked)
             print(f"DCFL pre-training: request {request}/{self.pretrain_requests}, asked "
@@ -209,8 +209,10 @@ class DCFL(DriftStrategy):
             weight = reply.content.array_records[CLASSIFIER]["weight"].numpy()
         except Exception as err:
             return f"classifier cannot be read: {err!r}"
-        if weight.shape != head or not np.isfinite(weight).all():
-            return f"classifier is {list(weight.shape)}, expected {list(head)}, finite"
+        if weight.shape != head or not np.isfinite(weight).all() \
+                or np.abs(weight).max() > CLASSIFIER_BOUND:
+            return (f"classifier is {list(weight.shape)}, expected {list(head)} finite values "
+                    f"within +-{CLASSIFIER_BOUND:g}")
         seconds = reply.content.metric_records.get(METRICS, {}).get(CONDENSE_SECONDS)
         return weight, *condensed, float(seconds) if isinstance(seconds, float) else None
 

@@ -12,6 +12,7 @@ the P_k for the next round.
 
 from __future__ import annotations
 
+import math
 from logging import WARNING
 from typing import Literal
 
@@ -28,8 +29,14 @@ from .base import StrategySettings
 from .teacher import EMATeacher
 
 
-def check_prototypes(msg: Message, num_classes: int) -> tuple[np.ndarray, np.ndarray] | str:
-    """(P_k, counts), or why the reply cannot be used."""
+# No teacher logit comes near this; a larger "prototype" is corrupt or hostile.
+PROTOTYPE_BOUND = 1e4
+
+
+def check_prototypes(msg: Message, num_classes: int,
+                     num_examples: float = math.inf) -> tuple[np.ndarray, np.ndarray] | str:
+    """(P_k, counts), or why the reply cannot be used: P_k finite and bounded, counts whole,
+    non-negative and summing to at most the node's ``num_examples`` (its data survey)."""
     if msg.has_error():
         return f"error reply: {msg.error.reason}"
     if PROTOTYPES not in msg.content.array_records:
@@ -41,8 +48,12 @@ def check_prototypes(msg: Message, num_classes: int) -> tuple[np.ndarray, np.nda
         return f"prototypes cannot be read: {err!r}"
     if prototypes.shape != (num_classes, num_classes) or counts.shape != (num_classes,):
         return f"prototypes {prototypes.shape} / counts {counts.shape} for {num_classes} classes"
-    if not np.isfinite(prototypes).all() or (counts < 0).any():
-        return "prototypes hold NaN/inf or counts are negative"
+    if prototypes.dtype.kind != "f" or not np.isfinite(prototypes).all() \
+            or np.abs(prototypes).max() > PROTOTYPE_BOUND:
+        return f"prototypes are not finite numbers within +-{PROTOTYPE_BOUND:g}"
+    if counts.dtype.kind not in "iuf" or not np.isfinite(counts).all() or (counts < 0).any() \
+            or (counts != np.round(counts)).any() or counts.sum() > num_examples:
+        return f"counts are not whole non-negative numbers summing to at most {num_examples}"
     return prototypes.astype(np.float32), counts
 
 
@@ -85,10 +96,11 @@ class FedCSD(EMATeacher):
         """The nodes whose prototypes are usable, and P_G from them."""
         answered, usable = [], []
         for reply in self.in_node_order(replies):
-            checked = check_prototypes(reply, self.num_classes)
+            node = reply.metadata.src_node_id
+            checked = check_prototypes(reply, self.num_classes,
+                                       (self.surveyed or {}).get(node, math.inf))
             if isinstance(checked, str):
-                log(WARNING, "prototype reply from node %s rejected: %s",
-                    reply.metadata.src_node_id, checked)
+                log(WARNING, "prototype reply from %s rejected: %s", self.describe(node), checked)
             else:
                 answered.append(reply.metadata.src_node_id)
                 usable.append(checked)

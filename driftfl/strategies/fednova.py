@@ -6,17 +6,16 @@ its normalised update d_k = (w_G - w_k) / a_k, and the server steps
   w_G <- w_G - tau_eff * sum_k gamma_k d_k,   tau_eff = sum_k gamma_k a_k.
 The client sends w_k (the common reply), the server forms d_k: w_G is the model it sent.
 Buffers (BatchNorm statistics) are not gradient-trained and are averaged as in FedAvg.
+Every reply's tau_k is finite and at least 1: the common reply check refuses any other.
 """
 
 from __future__ import annotations
-
-import math
 
 import numpy as np
 
 from driftfl.common.protocol import LOCAL_STEPS
 
-from .aggregation import Aggregation, ClientUpdate, weighted_average
+from .aggregation import Aggregation, weighted_average
 
 
 def nova_normaliser(steps: float, momentum: float) -> float:
@@ -39,12 +38,6 @@ class FedNovaAggregation(Aggregation):
     def from_config(cls, cfg, model) -> FedNovaAggregation:
         return cls(momentum=cfg.momentum,
                    param_keys=frozenset(name for name, _ in model.named_parameters()))
-
-    def reject(self, update: ClientUpdate) -> str | None:
-        steps = update.metrics.get(LOCAL_STEPS)
-        if not isinstance(steps, float) or not math.isfinite(steps) or steps < 1:
-            return f"'{LOCAL_STEPS}' is {steps}; FedNova needs a finite count of at least 1"
-        return None
 
     def aggregate(self, updates, global_arrays) -> dict[str, np.ndarray]:
         gamma = self.weights(updates)

@@ -1,0 +1,69 @@
+"""The data survey: before the first round every node says which partition it is and how much
+of each class it holds. Nothing in a reply is trusted: a malformed summary or a second claim on
+a partition refuses that node (logged, never sampled), and the run goes on with the others."""
+
+from __future__ import annotations
+
+from logging import WARNING
+
+from flwr.app import ConfigRecord, Message, MessageType, RecordDict
+from flwr.serverapp import Grid
+from flwr.supercore import log
+
+from driftfl.common.errors import ConfigError
+from driftfl.common.protocol import (CONFIG, DATA_SUMMARY, DATASET_META, LABEL_HISTOGRAM,
+                                     METRICS, NUM_EXAMPLES, PARTITION_ID, DatasetMeta)
+from driftfl.strategies.base import wait_for_nodes
+
+OWN_DATA = -1  # the partition id of a node that trains on its own folder or file
+
+
+def survey_clients(grid: Grid, experiment_record: ConfigRecord, expected: int,
+                   node_wait: float, timeout: float) -> list[dict]:
+    """Each accepted node's node_id, partition_id, num_examples and label_histogram, by
+    partition. A node that cannot read its data fails the run here, with its reason."""
+    nodes = wait_for_nodes(grid, expected, timeout=node_wait)
+    query = [Message(RecordDict({CONFIG: experiment_record}), dst_node_id=node,
+                     message_type=f"{MessageType.QUERY}.{DATA_SUMMARY}") for node in nodes]
+    replies = grid.send_and_receive(query, timeout=timeout)
+    failures = [r.error.reason for r in replies if r.has_error()]
+    if failures or len(replies) < len(nodes):
+        reason = failures[0] if failures else f"only {len(replies)} of {len(nodes)} answered"
+        raise ConfigError(f"a client cannot read its data: {reason}")
+    num_classes = len(DatasetMeta.from_json(str(experiment_record[DATASET_META])).classes)
+    clients, claimed = [], {}
+    for reply in replies:  # in arrival order: the first to claim a partition keeps it
+        node = reply.metadata.src_node_id
+        summary = check_summary(reply, num_classes, expected)
+        if isinstance(summary, dict) and summary["partition_id"] in claimed:
+            summary = (f"claims partition {summary['partition_id']}, which node "
+                       f"{claimed[summary['partition_id']]} holds")
+        if isinstance(summary, str):
+            log(WARNING, "data survey: node %s refused: %s", node, summary)
+            continue
+        if summary["partition_id"] != OWN_DATA:
+            claimed[summary["partition_id"]] = node
+        clients.append({"node_id": node, **summary})
+    if not clients:
+        raise ConfigError("no node gave a usable data summary; see the warnings above")
+    return sorted(clients, key=lambda c: (c["partition_id"], c["node_id"]))
+
+
+def check_summary(reply: Message, num_classes: int, num_partitions: int) -> dict | str:
+    """{partition_id, num_examples, label_histogram}, or why this summary cannot be used."""
+    if METRICS not in reply.content.metric_records:
+        return f"its summary lacks the '{METRICS}' record"
+    metrics = reply.content.metric_records[METRICS]
+    partition, n = metrics.get(PARTITION_ID), metrics.get(NUM_EXAMPLES)
+    histogram = metrics.get(LABEL_HISTOGRAM)
+    if not isinstance(partition, int) or not OWN_DATA <= partition < num_partitions:
+        return (f"'{PARTITION_ID}' is {partition!r}; expected {OWN_DATA} (own data) or "
+                f"0..{num_partitions - 1}")
+    if not isinstance(n, int) or n < 1:
+        return f"'{NUM_EXAMPLES}' is {n!r}; expected a positive count"
+    if (not isinstance(histogram, list) or len(histogram) != num_classes
+            or not all(isinstance(h, int) and h >= 0 for h in histogram)):
+        return f"'{LABEL_HISTOGRAM}' is not {num_classes} non-negative counts"
+    if sum(histogram) != n:
+        return f"its label histogram sums to {sum(histogram)}, not to its {n} examples"
+    return {"partition_id": partition, "num_examples": n, "label_histogram": histogram}
