@@ -89,7 +89,10 @@ def main() -> int:
     if args.out:
         args.out.write_text(json.dumps(digests, indent=2) + "\n")
     if expected:
-        print(f"{len(digests) - len(differ)} of {len(digests)} cases give identical model bytes")
+        compared = [name for name in digests if name in expected]
+        print(f"{len(compared) - len(differ)} of {len(compared)} compared cases give identical "
+              f"model bytes" + (f"; {len(digests) - len(compared)} not in {args.compare}"
+                                if len(compared) < len(digests) else ""))
     return 1 if differ else 0
 
 

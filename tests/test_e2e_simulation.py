@@ -85,6 +85,7 @@ def test_the_same_seed_trains_the_same_model(tmp_path, fmnist_available):
     assert rows[-1]["test_accuracy"] > rows[0]["test_accuracy"]
 
 
+@pytest.mark.timeout(1800)  # every method in one sweep: past 15 min on a loaded 2-core machine
 def test_sweep_runs_every_method_in_its_own_directory(tmp_path, fmnist_available):
     sweep = tmp_path / "sweep"
     out = subprocess.run([driftfl_bin(), "run", "-m", f"strategy={','.join(METHODS)}",
