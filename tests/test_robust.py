@@ -22,7 +22,7 @@ from driftfl.common.protocol import ARRAYS, LOCAL_STEPS, METRICS, NUM_EXAMPLES
 from driftfl.common.training import CrossEntropy, TrainSettings, train_locally
 from driftfl.methods import build_strategy, check_experiment
 from driftfl.strategies import AGGREGATIONS, FedAvg
-from driftfl.strategies.aggregation import Aggregation, check_reply
+from driftfl.strategies.aggregation import Aggregation, check_reply, norm_bound
 from driftfl.strategies.robust import (KrumAggregation, MedianAggregation, RobustAggregation,
                                        TrimmedMeanAggregation)
 
@@ -47,7 +47,7 @@ def updates(models, reference=GLOBAL, ns=None):
             "w": np.asarray(model, np.float32), "count": np.array(10 + i, np.int64)}
         # the server's own check, with its default bound on the update's norm
         update = check_reply(reply(i + 1, arrays, ns[i] if ns else 10), reference,
-                             max_update_ratio=10.0)
+                             max_update=norm_bound(reference, 10.0))
         assert not isinstance(update, str), update
         out.append(update)
     return out

@@ -157,6 +157,11 @@ class DriftStrategy(FedAvg):
         partition = self.node_rank.get(node, -1)
         return str(partition) if partition >= 0 else f"node{node}"
 
+    def survey_count(self, node: int) -> float:
+        """The examples the data survey found on this node: the most a reply may claim
+        (unbounded before a survey, in unit tests; 0 for a node the survey refused)."""
+        return math.inf if self.surveyed is None else self.surveyed.get(node, 0)
+
     def describe(self, node: int) -> str:
         partition = self.node_rank.get(node, -1)
         return f"partition {partition} (node {node})" if partition >= 0 else f"node {node}"
@@ -196,8 +201,9 @@ class DriftStrategy(FedAvg):
         """The replies that pass every check (the common ones and the aggregation's own); the
         rest are logged and counted, never used."""
         updates, report = [], RoundReport()
+        bound = norm_bound(self.global_arrays, self.max_update_ratio)  # once for the round
         for msg in self.in_node_order(replies):
-            checked = check_reply(msg, self.global_arrays, self.max_update_ratio)
+            checked = check_reply(msg, self.global_arrays, bound)
             if not isinstance(checked, str):
                 checked = self.reject(checked) or checked
             if isinstance(checked, str):
@@ -214,13 +220,11 @@ class DriftStrategy(FedAvg):
 
     def reject(self, update: ClientUpdate) -> str | None:
         """Why a reply that passed the common checks cannot be used (None: it can)."""
-        if self.surveyed is not None:
-            surveyed = self.surveyed.get(update.node_id)
-            if surveyed is None:
-                return "the node was not accepted in the data survey"
-            if update.num_examples > surveyed:
-                return (f"it claims {update.num_examples:g} examples; the data survey "
-                        f"found {surveyed}")
+        if not self.usable(update.node_id):
+            return "the node was not accepted in the data survey"
+        if update.num_examples > self.survey_count(update.node_id):
+            return (f"it claims {update.num_examples:g} examples; the data survey "
+                    f"found {self.survey_count(update.node_id)}")
         return self.aggregation.reject(update)
 
     def refuse_aggregate(self, arrays: dict[str, np.ndarray]) -> str | None:
@@ -303,7 +307,7 @@ class DriftStrategy(FedAvg):
         if isinstance(metrics, str):
             return metrics
         n = metrics.pop(NUM_EXAMPLES, None)
-        surveyed = (self.surveyed or {}).get(msg.metadata.src_node_id, math.inf)
+        surveyed = self.survey_count(msg.metadata.src_node_id)
         if not isinstance(n, float) or not 0 < n <= surveyed:
             return f"'{NUM_EXAMPLES}' is {n}; expected 1..{surveyed} (the data survey's count)"
         return n, {k: v for k, v in metrics.items() if isinstance(v, float)}

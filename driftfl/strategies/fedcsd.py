@@ -97,8 +97,7 @@ class FedCSD(EMATeacher):
         answered, usable = [], []
         for reply in self.in_node_order(replies):
             node = reply.metadata.src_node_id
-            checked = check_prototypes(reply, self.num_classes,
-                                       (self.surveyed or {}).get(node, math.inf))
+            checked = check_prototypes(reply, self.num_classes, self.survey_count(node))
             if isinstance(checked, str):
                 log(WARNING, "prototype reply from %s rejected: %s", self.describe(node), checked)
             else:
