@@ -49,7 +49,7 @@ def _run_job(cfg, hydra_subdir: str | None = None, keep: Path | None = None) -> 
         if experiment.cfg.device == "cuda" and not experiment.cfg.simulation.client_gpus:
             raise ConfigError("device=cuda needs a GPU share per simulated client, e.g. "
                               "simulation.client_gpus=0.5 (two clients per GPU at a time)")
-        check_launch(overrides, run_dir)
+        check_launch(overrides, run_dir, experiment.cfg.simulation.ray_address)
     except ConfigError as err:
         _remove_empty(run_dir, keep)
         print(f"driftfl: error: {err}", file=sys.stderr)

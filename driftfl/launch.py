@@ -82,12 +82,19 @@ def stop(process: subprocess.Popen, grace: float = 15) -> None:
     process.wait()
 
 
-def flwr_env(flwr_home: str) -> dict[str, str]:
+def flwr_env(flwr_home: str, ray_address: str | None = None) -> dict[str, str]:
+    """The environment of the private SuperLink and everything it starts. Flower's Ray backend
+    calls ``ray.init()``, which joins the cluster that RAY_ADDRESS names (Ray's own variable;
+    Flower 1.41's simulation settings have no address) and else starts a private instance: only
+    ``simulation.ray_address`` decides, never a RAY_ADDRESS left in the user's shell."""
     from driftfl.server.results import git_revision
 
     # The SuperLink starts further Flower executables by name: this environment's come first.
     path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
-    return {**os.environ, "PATH": path, "FLWR_HOME": flwr_home,
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    if ray_address:
+        env["RAY_ADDRESS"] = ray_address
+    return {**env, "PATH": path, "FLWR_HOME": flwr_home,
             "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
             "DRIFTFL_GIT_REVISION": git_revision(), "PYTHONUNBUFFERED": "1",
             # Ray's start-up tip about a future default says nothing about this run
@@ -102,11 +109,20 @@ def run_config_arg(overrides: list[str], run_dir: Path) -> str:
     return f"overrides='{encoded}' run-dir='{run_dir}'"
 
 
-def check_launch(overrides: list[str], run_dir: Path) -> None:
+def check_launch(overrides: list[str], run_dir: Path, ray_address: str | None = None) -> None:
     """Refuse what launch_simulation could not run, before anything is written."""
     _tool("flower-superlink")
     _tool("flwr")
     run_config_arg(overrides, run_dir)
+    if ray_address and ray_address != "auto":
+        host, port = ray_address.rsplit(":", 1)
+        try:
+            socket.create_connection((host, int(port)), timeout=5).close()
+        except OSError as err:
+            raise ConfigError(
+                f"no Ray cluster answers at simulation.ray_address={ray_address} ({err}); start "
+                f"one with `ray start --head --port={port}` on {host}, or drop the setting "
+                "to run on a private Ray instance") from None
 
 
 def _exit_on_sigterm(signum, frame):
@@ -116,7 +132,7 @@ def _exit_on_sigterm(signum, frame):
 def launch_simulation(cfg: ExperimentConfig, overrides: list[str], run_dir: Path) -> int:
     """Run the experiment; 0 when it completed and wrote its results to ``run_dir``.
     Ctrl-C or a SIGTERM stops the SuperLink (and the Ray workers under it) too."""
-    check_launch(overrides, run_dir)
+    check_launch(overrides, run_dir, cfg.simulation.ray_address)
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     run_dir.mkdir(parents=True, exist_ok=True)
     log_path = run_dir / "superlink.log"
@@ -125,7 +141,7 @@ def launch_simulation(cfg: ExperimentConfig, overrides: list[str], run_dir: Path
         (Path(flwr_home) / "config.toml").write_text(
             f'[superlink]\ndefault = "{CONNECTION}"\n\n[superlink.{CONNECTION}]\n'
             f'address = "127.0.0.1:{port}"\ninsecure = true\n')
-        env = flwr_env(flwr_home)
+        env = flwr_env(flwr_home, cfg.simulation.ray_address)
         with open(log_path, "w") as log:
             superlink = subprocess.Popen(
                 [_tool("flower-superlink"), "--insecure", "--simulation",

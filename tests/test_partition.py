@@ -57,6 +57,31 @@ def test_iid_is_shuffled_and_balanced():
     assert all(len(np.unique(LABELS[p])) > 5 for p in parts)  # not one sorted block
 
 
+@pytest.mark.parametrize("samples, clients, seed", [(1000, 10, 0), (1003, 7, 3), (50, 50, 1)])
+def test_iid_is_what_flwr_datasets_gives(samples, clients, seed):
+    """driftfl cuts IID partitions itself (the library takes 80 s for 10,000 clients); the
+    result must be the library's: Hugging Face's shuffle, then IidPartitioner's shards."""
+    from datasets import Dataset
+    from flwr_datasets.partitioner import IidPartitioner
+
+    table = Dataset.from_dict({"index": np.arange(samples)}).shuffle(seed=seed)
+    library = IidPartitioner(num_partitions=clients)
+    library.dataset = table
+    ours = part.iid_partition(samples, clients, seed)
+    assert len(ours) == clients
+    for i in range(clients):
+        assert np.array_equal(ours[i], library.load_partition(i)["index"][:])
+
+
+def test_one_client_is_read_without_the_others(tmp_path, monkeypatch):
+    monkeypatch.setenv("DRIFTFL_CACHE", str(tmp_path))
+    everyone = part.partition(LABELS, DIRICHLET, 6, seed=2, aux=np.arange(0, 1000, 50))
+    for i in range(6):
+        mine = part.client_partition(LABELS, DIRICHLET, 6, 2, np.arange(0, 1000, 50), i)
+        assert np.array_equal(mine, everyone[i])
+        assert not np.isin(mine, np.arange(0, 1000, 50)).any()  # the aux set stays out
+
+
 def test_seed_fixes_the_partition_and_changes_it():
     a = part.compute_partition(LABELS, DIRICHLET, 5, seed=0)
     b = part.compute_partition(LABELS, DIRICHLET, 5, seed=0)

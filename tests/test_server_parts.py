@@ -75,6 +75,18 @@ def test_partition_table_switches_to_top_classes_when_wide():
     assert "99 (100%)" in wide and "5 more clients in partition.json" in wide
 
 
+def test_partition_table_of_ten_thousand_clients_stays_short():
+    clients = [{"partition_id": i, "num_examples": 6 + i % 3,
+                "label_histogram": [1] * (i % 4 + 1) + [0] * (9 - i % 4)} for i in range(10_000)]
+    for c in clients:
+        c["label_histogram"][0] += c["num_examples"] - sum(c["label_histogram"])
+    table = console.partition_table(clients, [str(i) for i in range(10)], "t").splitlines()
+    assert len(table) == 2 + console.MAX_ROWS + 2
+    assert table[-2].endswith("9980 more clients in partition.json")
+    assert table[-1] == ("samples per client: min 6, median 7, max 8; "
+                         "classes per client: min 1, median 3, max 4")
+
+
 def test_round_line_shows_accuracy_time_and_traffic():
     line = console.round_line({"round": 2, "test_accuracy": 0.8512, "test_loss": 0.41,
                                "train_seconds": 12.3, "eval_seconds": 0.8, "clients": 10,

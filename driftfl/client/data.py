@@ -20,7 +20,7 @@ from driftfl.common import loaders
 from driftfl.common.config import ExperimentConfig
 from driftfl.common.datasets import DatasetSettings, dataset_settings, load_dataset, to_tensors
 from driftfl.common.errors import ConfigError
-from driftfl.common.partition import PartitionSettings, aux_indices, partition
+from driftfl.common.partition import PartitionSettings, aux_indices, client_partition
 from driftfl.common.protocol import DatasetMeta
 
 from .node import NO_DATA_NAMED, NodeConfig
@@ -85,7 +85,7 @@ def _partition_data(dataset: DatasetSettings, spec: PartitionSettings, seed: int
     meta = DatasetMeta.from_json(meta_json)
     data = load_dataset(dataset)
     aux = aux_indices(data.train_y, meta.aux_per_class, seed) if meta.aux_per_class else None
-    mine = partition(data.train_y, spec, num_partitions, seed, aux)[partition_id]
+    mine = client_partition(data.train_y, spec, num_partitions, seed, aux, partition_id)
     x, y = to_tensors(data.train_x[mine], data.train_y[mine], meta.mean, meta.std)
     return LocalData(x, y, partition_id,
                      f"{dataset.name} partition {partition_id}/{num_partitions}")

@@ -94,6 +94,12 @@ class NodeConfig(Settings):
                                  "dataset-root='<path>'")
         return self
 
+    @property
+    def reads_experiment_partition(self) -> bool:
+        """Its data is its share of the experiment's dataset as the server names it (a
+        simulated node's): no dataset or folder of the operator's own."""
+        return self.partition_id is not None and not (self.dataset or self.data_dir)
+
 
 def keys() -> list[str]:
     return sorted(field.alias for field in NodeConfig.model_fields.values())

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from omegaconf import DictConfig, OmegaConf
-from pydantic import ConfigDict, Field, SerializeAsAny
+from pydantic import ConfigDict, Field, SerializeAsAny, field_validator
 
 from .datasets import DatasetSettings, dataset_settings
 from .errors import ConfigError
@@ -39,6 +39,17 @@ class Section(Settings):
 class SimulationSettings(Settings):
     client_cpus: int = Field(1, ge=1)  # CPU cores (and torch threads) per simulated client
     client_gpus: float = Field(0.0, ge=0)  # GPU share per simulated client; needs device=cuda
+    # an existing Ray cluster to run the clients on ('auto' or its head's <host>:<port>, as
+    # `ray start --head` prints it); None: a private Ray instance on this machine
+    ray_address: str | None = None
+
+    @field_validator("ray_address")
+    @classmethod
+    def _an_address(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(r"auto|[A-Za-z0-9_.\-]+:[0-9]{1,5}", value):
+            raise ValueError("must be auto or the head node's <host>:<port> (`ray start "
+                             "--head` prints it)")
+        return value
 
 
 class ExperimentConfig(Settings):
@@ -69,6 +80,7 @@ class ExperimentConfig(Settings):
     max_update_ratio: float = Field(10.0, gt=0)
     node_wait: float = Field(600.0, gt=0)
     simulation: SimulationSettings = SimulationSettings()
+    tracker: Literal["none", "tensorboard"] = "none"  # also stream per-round metrics there
     label: str
     verbose: bool = False
 

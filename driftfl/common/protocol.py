@@ -42,6 +42,8 @@ TRAIN_LOSS = "train-loss"
 # the query that asks a node what data it holds (answered before the first round)
 DATA_SUMMARY = "data_summary"  # message type "query.data_summary"
 PARTITION_ID = "partition-id"
+NUM_PARTITIONS = "num-partitions"  # with partition-id alone: a simulated node that reads the
+#                                    experiment's partition leaves the histogram to the server
 LABEL_HISTOGRAM = "label-histogram"
 
 # knowledge records a strategy may send with the global model

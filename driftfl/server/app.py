@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 from flwr.app import ConfigRecord, Context, MetricRecord
 from flwr.serverapp import Grid, ServerApp
+from flwr.superlink.grid import InMemoryGrid
 
 from driftfl.common import paths
 from driftfl.common.config import compose, parse_overrides
@@ -65,8 +66,11 @@ def run_experiment(grid: Grid, experiment: Experiment, run_dir: Path, run_id: in
     experiment_record = ConfigRecord({EXPERIMENT: cfg.to_json(),
                                       DATASET_META: experiment.meta.to_json()})
 
+    # in simulation (Flower's in-process grid) the partitioning says what each client holds
+    simulated = isinstance(grid, InMemoryGrid)
     clients = survey_clients(metered, experiment_record, cfg.num_clients, cfg.node_wait,
-                             cfg.round_timeout)
+                             cfg.round_timeout,
+                             experiment.partition_histograms if simulated else None)
     strategy.meet(clients)
     title = (f"{cfg.strategy.name} on {cfg.dataset.name}, {describe(cfg.partition)}, "
              f"{len(clients)} clients, {cfg.model.name}")

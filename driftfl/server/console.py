@@ -41,7 +41,16 @@ def partition_table(clients: list[dict], classes: list[str], title: str) -> str:
             lines.append(f"{who:>6} {c['num_examples']:>7} " + " ".join(f"{h:>5}" for h in hist))
     if len(clients) > MAX_ROWS:
         lines.append(f"   ... {len(clients) - MAX_ROWS} more clients in partition.json")
+        lines.append(_spread("samples", [c["num_examples"] for c in clients]) + "; " + _spread(
+            "classes", [sum(1 for h in c["label_histogram"] if h) for c in clients]))
     return "\n".join(lines)
+
+
+def _spread(what: str, values: list[int]) -> str:
+    """min / median / max of a per-client count, for a table too long to print."""
+    ordered = sorted(values)
+    return (f"{what} per client: min {ordered[0]}, median {ordered[len(ordered) // 2]}, "
+            f"max {ordered[-1]}")
 
 
 def round_line(row: dict, rounds: int) -> str:

@@ -12,7 +12,7 @@ from driftfl.common.config import ExperimentConfig
 from driftfl.common.datasets import ImageData, load_dataset, to_tensors
 from driftfl.common.errors import ConfigError
 from driftfl.common.models import DriftModel, build_model
-from driftfl.common.partition import aux_indices, check_partition, partition
+from driftfl.common.partition import aux_indices, check_partition, label_histogram, partition
 from driftfl.common.protocol import DatasetMeta
 from driftfl.methods import check_experiment
 from driftfl.strategies.aux_set import AuxSet
@@ -45,6 +45,13 @@ class Experiment:
         """The round-0 global model, the same for the same seed."""
         torch.manual_seed(self.cfg.seed)
         return build_model(self.cfg.model, self.data.shape, self.data.num_classes)
+
+    def partition_histograms(self) -> list[list[int]]:
+        """Every client's label histogram, by partition id, from the partitioning itself."""
+        d = self.data
+        parts = partition(d.train_y, self.cfg.partition, self.cfg.num_clients, self.cfg.seed,
+                          self.aux_indices)
+        return [label_histogram(d.train_y[p], d.num_classes) for p in parts]
 
     def aux_set(self, model: DriftModel) -> AuxSet | None:
         if not self.aux_per_class:

@@ -18,6 +18,8 @@ import yaml
 
 from driftfl.common.config import ExperimentConfig
 
+from .tracker import make_tracker
+
 PACKAGES = ("driftfl", "flwr", "flwr-datasets", "torch", "torchvision", "numpy", "hydra-core",
             "ray")
 
@@ -80,6 +82,7 @@ class RunRecorder:
         self.rows: list[dict] = []
         self.arrays: dict[str, dict[str, np.ndarray]] = {}  # name -> {"round_<r>": array}
         self.started = time.time()
+        self.tracker = make_tracker(cfg.tracker, self.dir)
         (self.dir / "config.yaml").write_text(
             yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
         meta = {"versions": versions(), "git_revision": git_revision(), "flower_run_id": run_id,
@@ -102,6 +105,8 @@ class RunRecorder:
             writer.writeheader()
             writer.writerows(flat)
         self._write_json("metrics.json", {"rounds": self.rows})
+        if self.tracker:
+            self.tracker.add_round(flat[-1])
 
     def add_arrays(self, server_round: int, arrays: dict[str, np.ndarray]) -> None:
         """Per-round arrays (FedSSD's credibility matrix, ...) -> <name>.npz, key round_<r>."""
@@ -123,6 +128,8 @@ class RunRecorder:
         plot_accuracy(self.rows, self.dir / "accuracy.png", title)
         for name, by_round in self.arrays.items():
             plot_heatmaps(by_round, self.dir / f"{name}.png", name)
+        if self.tracker:
+            self.tracker.close()
 
 
 AXES = {"credibility": ("predicted class", "true class"), "cka": ("client", "client")}
