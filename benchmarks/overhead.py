@@ -92,7 +92,7 @@ def floor_rounds(cfg, rounds: int, workers: int) -> list[dict]:
             model.load_state_dict({k: torch.as_tensor(v, dtype=state[k].dtype)
                                    for k, v in average.items()})
             trained = time.perf_counter()
-            _, accuracy, _ = evaluate(model, test_x, test_y, int(cfg.eval_batch_size),
+            _, accuracy, _ = evaluate(model, test_x, test_y, cfg.eval_batch_size,
                                       data.num_classes)
             done = time.perf_counter()
             rows.append({"round": server_round, "train_seconds": trained - started,

@@ -1,9 +1,11 @@
-"""The teacher's no-grad pass over a client's data at several batch sizes, on one CPU core.
+"""Forward passes without gradients at several batch sizes on a CPU: a teacher's pass over a
+client's data (one core, as in a simulation actor) and the server's central test.
 
-Why `logits_of` batches by 128 on a CPU: one core, the FedAvg CNN, 6,000 Fashion-MNIST-sized
-images; median of 3 passes per batch size, beside one training epoch (batch 32) for scale.
+Why `forward_batch_size` is 128 on a CPU: the FedAvg CNN, 6,000 Fashion-MNIST-sized images on
+one core, median of 3 passes per batch size, beside one training epoch (batch 32) for scale;
+then the central test (`evaluate`, 10,000 images) with 1 and 2 torch threads.
 
-    .venv/bin/python benchmarks/teacher_pass.py          # about a minute
+    .venv/bin/python benchmarks/teacher_pass.py          # about two minutes
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import torch
 from driftfl.client.objectives import Objective
 from driftfl.client.objectives.distill import logits_of
 from driftfl.client.train import TrainSettings, train_locally
+from driftfl.common.evaluation import evaluate
 from driftfl.common.models import cnn
 
 
@@ -42,6 +45,13 @@ def main() -> None:
     for batch in (1024, 512, 256, 128, 64):
         seconds = median_seconds(lambda: logits_of(model, x, batch))
         print(f"teacher pass, batch {batch:>4}: {seconds:.2f} s  ({seconds / epoch:.2f} of an epoch)")
+    test_x, test_y = torch.randn(10_000, 1, 28, 28), torch.randint(0, 10, (10_000,))
+    for threads in (1, 2):
+        torch.set_num_threads(threads)
+        for batch in (1000, 256, 128, 32):
+            seconds = median_seconds(lambda: evaluate(model, test_x, test_y, batch, 10))
+            print(f"central test of 10,000 images, {threads} thread(s), batch {batch:>4}: "
+                  f"{seconds:.2f} s")
 
 
 if __name__ == "__main__":

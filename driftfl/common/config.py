@@ -72,7 +72,7 @@ class ExperimentConfig(Settings):
     weight_decay: float = Field(0.0, ge=0)
     seed: int = 0
     device: Literal["cpu", "cuda"] = "cpu"
-    eval_batch_size: int = Field(1000, ge=1)
+    eval_batch_size: int | None = Field(None, ge=1)  # None: by device (forward_batch_size)
     logit_shift_samples: int = Field(256, ge=0)
     round_timeout: float = Field(3600.0, gt=0)
     # a client's update (and the aggregate) may move the model by at most this many times

@@ -13,17 +13,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from driftfl.common.evaluation import forward_batch_size
+
 from .base import Batch, Objective
 
 
 @torch.no_grad()
 def logits_of(model: nn.Module, x: torch.Tensor, batch_size: int | None = None) -> torch.Tensor:
     """``model``'s logits on all of ``x`` in eval mode; the model's mode is restored after."""
-    if batch_size is None:
-        # On a CPU, big batches make the convolutions memory-bound: one core runs the FedAvg
-        # CNN's forward pass over 6,000 images in 2.4 s at batch 128 and 3.4 s at batch 1024
-        # (benchmarks/teacher_pass.py).
-        batch_size = 1024 if x.is_cuda else 128
+    batch_size = batch_size or forward_batch_size(x)
     was_training = model.training
     model.eval()
     out = torch.cat([model(x[i:i + batch_size]) for i in range(0, len(x), batch_size)]) \
