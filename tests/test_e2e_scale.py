@@ -50,7 +50,7 @@ def test_two_thousand_clients_train_and_stream_their_rounds_to_tensorboard(
                           "tracker=tensorboard", f"hydra.run.dir={run_dir}"],
                          cwd=tmp_path, capture_output=True, text=True, timeout=1100)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    assert "data survey: 2000 of 2000 nodes answered" in out.stdout
+    assert "data survey" not in out.stdout  # in simulation the server assigns the partitions
     # the table stays short: 20 clients, then a summary of all 2000
     assert "1980 more clients in partition.json" in out.stdout
     assert "samples per client: min 30, median 30, max 30" in out.stdout
@@ -59,7 +59,8 @@ def test_two_thousand_clients_train_and_stream_their_rounds_to_tensorboard(
     assert [r["clients"] for r in rows] == [0, 10, 10] and rows[1]["num_examples"] == 300
     assert rows[2]["test_accuracy"] > rows[0]["test_accuracy"] + 0.2  # 300 images a round
 
-    # the histograms the server took from the partitioning are each client's exact data
+    # the histograms the server took from the partitioning are each client's exact data, and
+    # the clients trained on them: the examples they report are their partitions' sizes
     clients = json.loads((run_dir / "partition.json").read_text())["clients"]
     assert [c["partition_id"] for c in clients] == list(range(2000))
     assert len({c["node_id"] for c in clients}) == 2000

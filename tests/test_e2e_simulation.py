@@ -49,7 +49,10 @@ def test_driftfl_run_trains_and_writes_the_run_directory(tmp_path, fmnist_availa
                  "accuracy.png", "summary.json"):
         assert (run_dir / name).is_file(), name
     trained = rows[1]
+    # every client trained on the partition the server assigned it: a reply claiming more
+    # examples than its partition holds would have been rejected
     assert trained["clients"] == 4 and trained["num_examples"] == 4000
+    assert trained["rejected"] == 0
     assert trained["bytes_sent"] > 4 * 4 * 199_210  # 4 copies of the mlp's float32 weights
     assert len(trained["per_class_accuracy"]) == 10
     header = (run_dir / "metrics.csv").read_text().splitlines()[0].split(",")

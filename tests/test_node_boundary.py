@@ -23,8 +23,9 @@ from driftfl.client.redaction import redact
 from driftfl.common.config import compose, experiment_config
 from driftfl.common.datasets import FMNIST_CLASSES, dataset_settings
 from driftfl.common.errors import ConfigError
-from driftfl.common.protocol import (CONDENSE, CONFIG, DATA_SUMMARY, DATASET_META, EXPERIMENT,
-                                     METRICS, NUM_EXAMPLES, DatasetMeta)
+from driftfl.common.protocol import (ASSIGNED_PARTITION, CONDENSE, CONFIG, DATA_SUMMARY,
+                                     DATASET_META, EXPERIMENT, METRICS, NUM_EXAMPLES,
+                                     NUM_PARTITIONS, DatasetMeta)
 
 FMNIST_META = DatasetMeta(list(FMNIST_CLASSES), [1, 28, 28], [0.286], [0.353])
 TINY = ["model=mlp", "dataset.subset=2000", "dataset.test_subset=100"]
@@ -363,3 +364,24 @@ def test_only_flowers_simulation_actor_counts_as_simulation(fmnist_available, se
         assert SIMULATION_TASK.endswith("ClientAppActor.run")
     finally:
         ray.shutdown()
+
+
+# --- the server's partition assignment: heeded in simulation only --------------------------
+
+def summary_partition(reply: Message) -> int:
+    return reply.content.metric_records[METRICS]["partition-id"]
+
+
+def test_a_deployed_node_ignores_a_partition_the_server_assigns(fmnist_available, server_task):
+    operator = {"dataset": "fmnist", "partition-id": 0, "num-partitions": 4}
+    reply = ask(operator, experiment_json(), **{ASSIGNED_PARTITION: 3, NUM_PARTITIONS: 4})
+    assert summary_partition(reply) == 0  # what its operator named
+
+
+def test_a_simulated_node_reads_the_partition_the_server_assigns(fmnist_available, server_task,
+                                                                simulated):
+    flower = {"partition-id": 0, "num-partitions": 4}  # Flower's own numbering of its nodes
+    assert summary_partition(ask(flower, experiment_json(num_clients=4))) == 0
+    reply = ask(flower, experiment_json(num_clients=4),
+                **{ASSIGNED_PARTITION: 3, NUM_PARTITIONS: 4})
+    assert summary_partition(reply) == 3

@@ -13,8 +13,7 @@ from flwr.app import (Array, ArrayRecord, ConfigRecord, Message, Metadata, Metri
 from driftfl.common.config import compose
 from driftfl.common.errors import ConfigError
 from driftfl.common.protocol import (ARRAYS, DATASET_META, EXPERIMENT, LABEL_HISTOGRAM,
-                                     LOCAL_STEPS, METRICS, NUM_EXAMPLES, NUM_PARTITIONS,
-                                     PARTITION_ID)
+                                     LOCAL_STEPS, METRICS, NUM_EXAMPLES, PARTITION_ID)
 from driftfl.server.app import run_experiment
 from driftfl.server.experiment import prepare_experiment
 from driftfl.server.survey import survey_clients
@@ -68,36 +67,9 @@ def _task(server_task):  # the survey creates messages
     yield
 
 
-def survey(replies, histograms=None):
+def survey(replies):
     return survey_clients(ScriptedGrid(replies), ConfigRecord({DATASET_META: META}),
-                          len(replies), node_wait=5, timeout=5, histograms=histograms)
-
-
-def partition_only(node, partition, partitions):
-    return Message(metadata=metadata(node, "query.data_summary"), content=RecordDict(
-        {METRICS: MetricRecord({PARTITION_ID: partition, NUM_PARTITIONS: partitions})}))
-
-
-def test_in_simulation_the_server_fills_in_histograms_from_its_own_partitioning():
-    asked = []
-
-    def histograms():
-        asked.append(1)
-        return [[1, 0, 2], [0, 5, 0], [3, 3, 3]]
-
-    clients = survey([partition_only(11, 2, 3), partition_only(12, 0, 3),
-                      partition_only(13, 1, 4)],  # split four ways: not this experiment's
-                     histograms)
-    assert clients == [
-        {"node_id": 12, "partition_id": 0, "num_examples": 3, "label_histogram": [1, 0, 2]},
-        {"node_id": 11, "partition_id": 2, "num_examples": 9, "label_histogram": [3, 3, 3]}]
-    assert asked == [1]  # the partitioning's histograms are computed once
-
-
-def test_in_deployment_a_node_must_count_its_own_data():
-    # without the server's partitioning (a deployment), "I am partition 0" is not a summary
-    with pytest.raises(ConfigError, match="no node gave a usable data summary"):
-        survey([partition_only(11, 0, 1)])
+                          len(replies), node_wait=5, timeout=5)
 
 
 def test_the_survey_refuses_malformed_summaries_and_a_second_claim_on_a_partition():

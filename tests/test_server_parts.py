@@ -101,3 +101,28 @@ def test_round_line_shows_accuracy_time_and_traffic():
                                 "rejected_partitions": "0 1", "model_updated": 0}, 5)
     assert stuck.endswith("2 rejected (partitions 0 1)  |  no usable reply: the global model "
                           "stays")
+
+
+def test_in_simulation_the_server_assigns_partitions_by_node_id(server_task):
+    from flwr.app import ConfigRecord, Message, RecordDict
+
+    from driftfl.common.protocol import ASSIGNED_PARTITION, CONFIG, NUM_PARTITIONS
+    from driftfl.server.simulated import AssigningGrid, assign_partitions
+
+    clients = assign_partitions([907, 12, 55, 300], 3, lambda: [[1, 2], [3, 0], [0, 4]])
+    assert clients == [  # the three smallest ids, in order; 907 holds nothing
+        {"node_id": 12, "partition_id": 0, "num_examples": 3, "label_histogram": [1, 2]},
+        {"node_id": 55, "partition_id": 1, "num_examples": 3, "label_histogram": [3, 0]},
+        {"node_id": 300, "partition_id": 2, "num_examples": 4, "label_histogram": [0, 4]}]
+
+    class Echo:
+        def send_and_receive(self, messages, timeout=None):
+            return list(messages)
+
+    shared = RecordDict({CONFIG: ConfigRecord({"experiment": "{}"})})  # as strategies send it
+    sent = AssigningGrid(Echo(), clients).send_and_receive(
+        [Message(shared, dst_node_id=n, message_type="train") for n in (300, 12)])
+    assert [(m.metadata.dst_node_id, m.content[CONFIG][ASSIGNED_PARTITION],
+             m.content[CONFIG][NUM_PARTITIONS]) for m in sent] == [(300, 2, 3), (12, 0, 3)]
+    assert ASSIGNED_PARTITION not in shared[CONFIG]  # the strategy's record is left alone
+    assert sent[0].content[CONFIG]["experiment"] == "{}"

@@ -14,9 +14,8 @@ from driftfl.common.evaluation import evaluate as evaluate_model
 from driftfl.common.protocol import (ARRAYS, CLASSIFIER, CONDENSE, CONDENSE_SECONDS, CONDENSED,
                                      CONFIG, CSD_PROTOTYPES, DATA_SUMMARY, DCFL_CONDENSE,
                                      LABEL_HISTOGRAM, LOCAL_STEPS, METHOD, METRICS, NUM_EXAMPLES,
-                                     NUM_PARTITIONS, PARTITION_ID, PROTOTYPES, TRAIN_LOSS, model_to_arrays)
+                                     PARTITION_ID, PROTOTYPES, TRAIN_LOSS, model_to_arrays)
 
-from . import node
 from .dcfl import DCFLClient, is_dcfl, received_images, to_record
 from .job import ClientJob
 from .objectives import build_objective
@@ -80,14 +79,7 @@ def evaluate(msg: Message, context: Context) -> Message:
 
 @app.query(DATA_SUMMARY)
 def data_summary(msg: Message, context: Context) -> Message:
-    """How much of each class this node holds (and which partition it is). A simulated node
-    that reads the experiment's partition says only which one, reading no data: the server
-    knows that partition's histogram (see server/survey.py)."""
-    allowed = node.node_config(context.node_config)
-    if allowed.reads_experiment_partition and node.in_simulation():
-        metrics = MetricRecord({PARTITION_ID: allowed.partition_id,
-                                NUM_PARTITIONS: allowed.num_partitions})
-        return Message(RecordDict({METRICS: metrics}), reply_to=msg)
+    """How much of each class this node holds (and which partition it is)."""
     job = ClientJob.from_message(msg, context)
     histogram = torch.bincount(job.data.y, minlength=job.num_classes).tolist()
     metrics = MetricRecord({PARTITION_ID: job.data.partition_id, NUM_EXAMPLES: len(job.data),

@@ -9,8 +9,8 @@ from flwr.app import Context, Message
 
 from driftfl.common.config import ExperimentConfig
 from driftfl.common.models import DriftModel, build_model
-from driftfl.common.protocol import CONFIG, DATASET_META, EXPERIMENT, SERVER_ROUND, DatasetMeta, \
-    load_arrays
+from driftfl.common.protocol import (ASSIGNED_PARTITION, CONFIG, DATASET_META, EXPERIMENT,
+                                     NUM_PARTITIONS, SERVER_ROUND, DatasetMeta, load_arrays)
 
 from . import node
 from .caps import check_caps
@@ -29,6 +29,10 @@ class ClientJob:
     def from_message(cls, msg: Message, context: Context) -> ClientJob:
         allowed = node.node_config(context.node_config)  # the operator's, checked first
         config = msg.content[CONFIG]
+        if (ASSIGNED_PARTITION in config and allowed.reads_experiment_partition
+                and node.in_simulation()):  # the server's assignment (server/simulated.py)
+            allowed = allowed.model_copy(update={"partition_id": int(config[ASSIGNED_PARTITION]),
+                                                 "num_partitions": int(config[NUM_PARTITIONS])})
         experiment = ExperimentConfig.from_json(str(config[EXPERIMENT]))
         meta = DatasetMeta.from_json(str(config[DATASET_META]))
         check_caps(msg, experiment, meta, allowed)  # before reading data or training

@@ -42,9 +42,11 @@ TRAIN_LOSS = "train-loss"
 # the query that asks a node what data it holds (answered before the first round)
 DATA_SUMMARY = "data_summary"  # message type "query.data_summary"
 PARTITION_ID = "partition-id"
-NUM_PARTITIONS = "num-partitions"  # with partition-id alone: a simulated node that reads the
-#                                    experiment's partition leaves the histogram to the server
 LABEL_HISTOGRAM = "label-histogram"
+# simulation only, in the config of every message: the partition the server assigned to the
+# receiving node, and how many there are (see driftfl/server/simulated.py)
+ASSIGNED_PARTITION = "assigned-partition"
+NUM_PARTITIONS = "num-partitions"
 
 # knowledge records a strategy may send with the global model
 TEACHER = "teacher"  # a teacher model's arrays (FedCSD's EMA teacher, FedGKD's buffer mean)

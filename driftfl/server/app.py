@@ -24,10 +24,12 @@ from driftfl.common.protocol import (DATASET_META, EXPERIMENT, load_arrays, load
                                      model_to_arrays)
 from driftfl.methods import build_strategy
 from driftfl.strategies import DriftStrategy
+from driftfl.strategies.base import wait_for_nodes
 
 from . import console
 from .experiment import Experiment, prepare_experiment
 from .results import RunRecorder
+from .simulated import AssigningGrid, assign_partitions
 from .survey import survey_clients
 from .traffic import MeteredGrid
 
@@ -61,16 +63,17 @@ def run_experiment(grid: Grid, experiment: Experiment, run_dir: Path, run_id: in
     recorder = RunRecorder(run_dir, cfg, run_id)
     model = experiment.initial_model()
     strategy = build_strategy(cfg, model, experiment.aux_set(model))
-    metered = MeteredGrid(grid)
     # what every message to a client carries: the experiment and how to read its data
     experiment_record = ConfigRecord({EXPERIMENT: cfg.to_json(),
                                       DATASET_META: experiment.meta.to_json()})
-
-    # in simulation (Flower's in-process grid) the partitioning says what each client holds
-    simulated = isinstance(grid, InMemoryGrid)
-    clients = survey_clients(metered, experiment_record, cfg.num_clients, cfg.node_wait,
-                             cfg.round_timeout,
-                             experiment.partition_histograms if simulated else None)
+    if isinstance(grid, InMemoryGrid):  # Flower's simulation: the server assigns partitions
+        clients = assign_partitions(wait_for_nodes(grid, cfg.num_clients, cfg.node_wait),
+                                    cfg.num_clients, experiment.partition_histograms)
+        metered = MeteredGrid(AssigningGrid(grid, clients))
+    else:  # deployment: each node says what it holds
+        metered = MeteredGrid(grid)
+        clients = survey_clients(metered, experiment_record, cfg.num_clients, cfg.node_wait,
+                                 cfg.round_timeout)
     strategy.meet(clients)
     title = (f"{cfg.strategy.name} on {cfg.dataset.name}, {describe(cfg.partition)}, "
              f"{len(clients)} clients, {cfg.model.name}")

@@ -2,17 +2,13 @@
 of each class it holds. Nothing in a reply is trusted: a malformed summary or a second claim on
 a partition refuses that node (logged, never sampled), and the run goes on with the others.
 
-In simulation a node that reads the experiment's own partition says only which partition it
-is, without loading any data: the server knows every partition's label histogram from the
-partitioning itself (``histograms``). Nodes are asked in batches, with a progress line when
-there are many: with 10,000 simulated clients the survey takes seconds instead of half an hour.
+Nodes are asked in batches, with a progress line when there are many. (In simulation there is
+no survey: the server assigns the partitions, see simulated.py.)
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
-from functools import cache
 from logging import WARNING
 
 from flwr.app import ConfigRecord, Message, MessageType, RecordDict
@@ -21,22 +17,17 @@ from flwr.supercore import log
 
 from driftfl.common.errors import ConfigError
 from driftfl.common.protocol import (CONFIG, DATA_SUMMARY, DATASET_META, LABEL_HISTOGRAM,
-                                     METRICS, NUM_EXAMPLES, NUM_PARTITIONS, PARTITION_ID,
-                                     DatasetMeta)
+                                     METRICS, NUM_EXAMPLES, PARTITION_ID, DatasetMeta)
 from driftfl.strategies.base import wait_for_nodes
 
 OWN_DATA = -1  # the partition id of a node that trains on its own folder or file
 BATCH = 1000  # nodes asked at once: bounds the messages in flight and paces the progress line
 
-Histograms = Callable[[], list[list[int]]]  # every partition's label histogram, by partition
-
 
 def survey_clients(grid: Grid, experiment_record: ConfigRecord, expected: int,
-                   node_wait: float, timeout: float,
-                   histograms: Histograms | None = None) -> list[dict]:
+                   node_wait: float, timeout: float) -> list[dict]:
     """Each accepted node's node_id, partition_id, num_examples and label_histogram, by
-    partition. A node that cannot read its data fails the run here, with its reason.
-    ``histograms``: the server's own partitioning, in simulation only (see the module)."""
+    partition. A node that cannot read its data fails the run here, with its reason."""
     nodes = wait_for_nodes(grid, expected, timeout=node_wait)
     replies, started = [], time.monotonic()
     for first in range(0, len(nodes), BATCH):
@@ -53,11 +44,10 @@ def survey_clients(grid: Grid, experiment_record: ConfigRecord, expected: int,
             print(f"data survey: {len(replies)} of {len(nodes)} nodes answered "
                   f"({time.monotonic() - started:.0f} s)", flush=True)
     num_classes = len(DatasetMeta.from_json(str(experiment_record[DATASET_META])).classes)
-    known = cache(histograms) if histograms else None  # computed once, if a node needs it
     clients, claimed = [], {}
     for reply in replies:  # in arrival order: the first to claim a partition keeps it
         node = reply.metadata.src_node_id
-        summary = check_summary(reply, num_classes, expected, known)
+        summary = check_summary(reply, num_classes, expected)
         if isinstance(summary, dict) and summary["partition_id"] in claimed:
             summary = (f"claims partition {summary['partition_id']}, which node "
                        f"{claimed[summary['partition_id']]} holds")
@@ -72,8 +62,7 @@ def survey_clients(grid: Grid, experiment_record: ConfigRecord, expected: int,
     return sorted(clients, key=lambda c: (c["partition_id"], c["node_id"]))
 
 
-def check_summary(reply: Message, num_classes: int, num_partitions: int,
-                  histograms: Histograms | None = None) -> dict | str:
+def check_summary(reply: Message, num_classes: int, num_partitions: int) -> dict | str:
     """{partition_id, num_examples, label_histogram}, or why this summary cannot be used."""
     if METRICS not in reply.content.metric_records:
         return f"its summary lacks the '{METRICS}' record"
@@ -83,14 +72,6 @@ def check_summary(reply: Message, num_classes: int, num_partitions: int,
     if not isinstance(partition, int) or not OWN_DATA <= partition < num_partitions:
         return (f"'{PARTITION_ID}' is {partition!r}; expected {OWN_DATA} (own data) or "
                 f"0..{num_partitions - 1}")
-    if n is None and histogram is None:  # "which partition I am", and nothing more
-        if histograms is None:
-            return "its summary lacks the label histogram (only a simulated node may leave it out)"
-        if metrics.get(NUM_PARTITIONS) != num_partitions or partition == OWN_DATA:
-            return (f"it reads partition {partition} of {metrics.get(NUM_PARTITIONS)!r}, "
-                    f"not of the experiment's {num_partitions}")
-        histogram = histograms()[partition]
-        n = sum(histogram)
     if not isinstance(n, int) or n < 1:
         return f"'{NUM_EXAMPLES}' is {n!r}; expected a positive count"
     if (not isinstance(histogram, list) or len(histogram) != num_classes
