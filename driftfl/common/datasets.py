@@ -125,22 +125,28 @@ def _idx_dataset(spec, *, title, prefix, roots, fetch, how, classes, test_split=
     return xtr, ytr - label_offset, xte, yte - label_offset, classes
 
 
-def load_fmnist(spec):
-    from torchvision.datasets import FashionMNIST
+def _fetch_with(dataset: str) -> Callable[[Path], object]:
+    """A torchvision download, imported only when a download runs: the import costs a
+    deployment node about 2 s per message (each message is a fresh process)."""
+    def fetch(root: Path):
+        import torchvision.datasets
 
+        return getattr(torchvision.datasets, dataset)(root, download=True)
+    return fetch
+
+
+def load_fmnist(spec):
     roots = [_root(spec, FMNIST_SYSTEM_DIR)] if spec.root else [
         FMNIST_SYSTEM_DIR, data_dir() / "fashion-mnist"]
     how = ("Install it with: sudo apt-get install -y dataset-fashion-mnist "
            "(or set dataset.download=true to fetch it with torchvision; needs internet).")
     return _idx_dataset(spec, title="Fashion-MNIST", prefix="", roots=roots, how=how,
-                        fetch=lambda r: FashionMNIST(r, download=True), classes=FMNIST_CLASSES)
+                        fetch=_fetch_with("FashionMNIST"), classes=FMNIST_CLASSES)
 
 
 def load_mnist(spec):
-    from torchvision.datasets import MNIST
-
     return _idx_dataset(spec, title="MNIST", prefix="", roots=[_root(spec, data_dir() / "mnist")],
-                        how=_download_hint("MNIST"), fetch=lambda r: MNIST(r, download=True),
+                        how=_download_hint("MNIST"), fetch=_fetch_with("MNIST"),
                         classes=[str(d) for d in range(10)])
 
 
