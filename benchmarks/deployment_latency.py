@@ -5,30 +5,36 @@ a scratch FLWR_HOME), one tiny driftfl experiment through `flwr run` (FedAvg, th
 Fashion-MNIST images, 2 clients, 1 local epoch: compute is negligible, so a round is the fixed
 latency of one train exchange plus a small central evaluation), then everything is stopped.
 
-Prints per configuration the steady round (median of metrics.json `seconds` and `train_seconds`
-over rounds 2..R; round 1 holds the first data load), what the SuperNodes' logs show per train
-message (`node`: from the node receiving the message to its reply sent, i.e. the superexec poll,
-the fresh `flwr-clientapp` process and the node's reply poll; `wait`: the rest of the exchange,
-i.e. the SuperNode's 3 s pull poll and the ServerApp's 3 s reply poll), and how many
-`flwr-clientapp` processes were started for how many messages.
+Prints first what a fresh process pays before a handler trains (Flower's imports, driftfl's,
+reading the dataset), then per configuration: the steady round and train exchange (medians of
+metrics.json `seconds` and `train_seconds` over rounds 2..R; round 1 holds the first data
+load) and, per train message, from the SuperNodes' timestamped logs and their process trees:
+message received -> flwr-clientapp started (the superexec's task poll), flwr-clientapp started
+-> reply in the node (a fresh process: imports, data, training, plus the node's 0.5 s reply
+poll), the wait outside the nodes (exchange minus its slowest node: the SuperNode's 3 s pull poll
+and the ServerApp's 3 s reply poll), and how many flwr-clientapp processes served how many
+messages. Round times follow the machine's load (printed): compare the columns, not rounds
+taken at different loads.
 
-    .venv/bin/python benchmarks/deployment_latency.py                 # default, superexec-poll, process
-    .venv/bin/python benchmarks/deployment_latency.py --what-if       # + Flower's 3 s polls shortened
+    .venv/bin/python benchmarks/deployment_latency.py             # default, superexec-poll, process
+    .venv/bin/python benchmarks/deployment_latency.py --what-if   # + Flower's 3 s polls shortened
     .venv/bin/python benchmarks/deployment_latency.py --configs default --rounds 3 --logs /tmp/dl
 
-Configurations (what a user can set in Flower 1.41):
+Configurations (settings a user has in Flower 1.41):
   default         flower-supernode as in the README: it starts its own flower-superexec, which
                   polls the SuperNode for tasks every 1 s and starts a flwr-clientapp per message.
   superexec-poll  the same with FLWR_SUPEREXEC_TASK_POLL_INTERVAL=0.05 in the SuperNode's
-                  environment (its flower-superexec inherits it).
+                  environment (the flower-superexec it starts inherits it).
   process         flower-supernode --isolation process, plus a flower-superexec started by hand
-                  per SuperNode (with FLWR_SUPEREXEC_TASK_POLL_INTERVAL=0.05): still one
+                  per SuperNode (FLWR_SUPEREXEC_TASK_POLL_INTERVAL=0.05): it too starts one
                   flwr-clientapp process per message.
 --what-if adds configurations that are NOT settings: Flower's hard-coded polls are shortened in
-the benchmark's own processes (a sitecustomize.py on PYTHONPATH), to show what each costs:
-  grid-poll       the ServerApp pulls replies every 0.1 s instead of 3 s (HttpGrid.send_and_receive);
-                  driftfl could do this itself with grid.push_messages / grid.pull_messages.
-  node-poll       the SuperNode pulls messages every 0.1 s instead of 3 s (start_client_internal).
+the benchmark's own processes only (a sitecustomize.py on their PYTHONPATH), to show what each
+costs:
+  grid-poll       the ServerApp pulls replies every 0.1 s instead of 3 s
+                  (flwr/superlink/grid/http_grid.py, HttpGrid.send_and_receive).
+  node-poll       the SuperNode pulls messages every 0.1 s instead of 3 s, and looks for the
+                  reply every 0.05 s instead of 0.5 s (flwr/supernode/start_client_internal.py).
   all-polls       both, and the superexec poll at 0.05 s: what is left is the process per message.
 """
 
@@ -110,11 +116,47 @@ def _timestamped(process: subprocess.Popen, log: Path, t0: float) -> threading.T
     return thread
 
 
+def _watch_clientapps(roots: dict[int, list], log: Path, t0: float,
+                      stopped: threading.Event) -> threading.Thread:
+    """Record when each node's flwr-clientapp processes start (their kernel start time, in
+    seconds since t0), found among the descendants of the node's own processes."""
+    import psutil
+
+    # psutil's start times are off from time.time() by up to a second (boot time is whole
+    # seconds): place one of our own children on our clock instead
+    before = time.monotonic()
+    probe = subprocess.Popen(["sleep", "1"])
+    wall0 = psutil.Process(probe.pid).create_time() - (before - t0)
+    probe.wait()
+
+    def watch():
+        seen: dict[int, tuple[int, float]] = {}
+        while not stopped.wait(0.2):
+            for node, processes in roots.items():
+                for root in processes:
+                    try:
+                        children = psutil.Process(root.pid).children(recursive=True)
+                    except psutil.NoSuchProcess:
+                        continue
+                    for child in children:
+                        try:
+                            if child.pid not in seen and any(
+                                    "flwr-clientapp" in part for part in child.cmdline()[:2]):
+                                seen[child.pid] = (node, child.create_time() - wall0)
+                        except psutil.Error:
+                            pass
+        log.write_text(json.dumps(sorted(seen.values(), key=lambda v: v[1])))
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    return thread
+
+
 @contextlib.contextmanager
 def deployment(setup: Setup, logs: Path, nodes: int):
     """A SuperLink and `nodes` SuperNodes for this setup; yields `flwr run <overrides>`."""
-    processes, threads = [], []
+    processes, threads, roots = [], [], {i: [] for i in range(nodes)}
     t0 = time.monotonic()
+    stopped = threading.Event()
 
     def start(cmd, name, env):
         processes.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE,
@@ -148,17 +190,22 @@ def deployment(setup: Setup, logs: Path, nodes: int):
             _wait_healthy(port, superlink, logs / "superlink.log")
             for i in range(nodes):
                 runtime_port = free_port()
-                start([_tool("flower-supernode"), "--insecure", "--superlink",
-                       f"127.0.0.1:{port}", "--port", str(runtime_port),
-                       "--isolation", setup.isolation,
-                       "--node-config", f"dataset='fmnist' partition-id={i} num-partitions={nodes}"],
-                      f"supernode{i}", node_env)
+                node_config = f"dataset='fmnist' partition-id={i} num-partitions={nodes}"
+                roots[i].append(start(
+                    [_tool("flower-supernode"), "--insecure", "--superlink", f"127.0.0.1:{port}",
+                     "--port", str(runtime_port), "--isolation", setup.isolation,
+                     "--node-config", node_config], f"supernode{i}", node_env))
                 if setup.isolation == "process":
-                    start([_tool("flower-superexec"), "--insecure",
-                           "--runtime-api-address", f"127.0.0.1:{runtime_port}"],
-                          f"superexec{i}", node_env)
+                    roots[i].append(start(
+                        [_tool("flower-superexec"), "--insecure",
+                         "--runtime-api-address", f"127.0.0.1:{runtime_port}"],
+                        f"superexec{i}", node_env))
+            watcher = _watch_clientapps(roots, logs / "clientapps.json", t0, stopped)
             yield flwr_run
+            stopped.set()
+            watcher.join(timeout=10)
         finally:
+            stopped.set()
             for process in reversed(processes):
                 stop(process)
             for thread in threads:
@@ -180,16 +227,13 @@ def node_messages(log: Path) -> list[dict]:
         if g := re.search(r"Receiving: (\S+) message", text):
             counts[g.group(1)] = counts.get(g.group(1), 0) + 1
             current = {"type": g.group(1), "number": counts[g.group(1)], "received": t}
+        elif "Sending:" in text and current:
+            current["reply"] = t  # the ClientApp's reply reached the node's state
         elif "Sent successfully" in text and current:
             current["node_seconds"] = t - current["received"]
             messages.append(current)
             current = None
     return messages
-
-
-def clientapp_starts(logs: Path) -> int:
-    return sum(p.read_text(errors="replace").count("Start `flwr-clientapp` process")
-               for p in logs.glob("s*.log"))
 
 
 def measure(setup: Setup, args, logs: Path) -> dict:
@@ -207,14 +251,25 @@ def measure(setup: Setup, args, logs: Path) -> dict:
         return {"error": f"no summary.json (flwr run exit {out.returncode}); see {logs}"}
     rows = [r for r in json.loads((run_dir / "metrics.json").read_text())["rounds"]
             if r["round"] >= 2]
-    messages = [m for i in range(args.nodes) for m in node_messages(logs / f"supernode{i}.log")]
+    starts = json.loads((logs / "clientapps.json").read_text())  # [node, seconds since t0]
+    steady, messages = [], 0
+    for i in range(args.nodes):
+        received = node_messages(logs / f"supernode{i}.log")
+        messages += len(received)
+        mine = [t for node, t in starts if node == i]
+        for m in received:
+            # the first flwr-clientapp of this node started after the message arrived
+            m["start"] = next((t for t in mine if t >= m["received"] - 0.02), float("nan"))
+            if m["type"] == "train" and m["number"] >= 2:
+                steady.append(m)
     # a round's exchange waits for its slowest node
-    node = [max((m["node_seconds"] for m in messages
-                 if m["type"] == "train" and m["number"] == r["round"]), default=float("nan"))
-            for r in rows]
+    node = [max((m["node_seconds"] for m in steady if m["number"] == r["round"]),
+                default=float("nan")) for r in rows]
     return {"rounds": [r["seconds"] for r in rows], "train": [r["train_seconds"] for r in rows],
             "node": node, "wait": [r["train_seconds"] - n for r, n in zip(rows, node)],
-            "messages": len(messages), "clientapps": clientapp_starts(logs),
+            "spawn": [m["start"] - m["received"] for m in steady],
+            "clientapp": [m["reply"] - m["start"] for m in steady],
+            "messages": messages, "clientapps": len(starts),
             "load": round((load_before + os.getloadavg()[0]) / 2, 1)}
 
 
@@ -249,7 +304,7 @@ def main() -> None:
                         help=f"comma-separated, of {', '.join(SETUPS)} "
                              "(default: the settings; with --what-if all)")
     parser.add_argument("--what-if", action="store_true",
-                        help="also run the configurations that patch Flower's polls")
+                        help="also run the configurations that shorten Flower's polls")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--repeats", type=int, default=1,
                         help="run the configurations this many times, interleaved")
@@ -288,23 +343,23 @@ def main() -> None:
     print(f"\nFedAvg, mlp, {args.subset} images, {args.nodes} SuperNodes on 127.0.0.1, "
           f"{args.rounds} rounds x {args.repeats} run(s); medians over rounds 2..{args.rounds} "
           f"of all runs.\n{floor_line}\n")
-    print("| configuration | round | train exchange | node: receive to reply sent | "
-          "wait (polls) | flwr-clientapp processes / messages | load | rounds |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| configuration | round | train exchange | message received -> flwr-clientapp "
+          "started | flwr-clientapp started -> reply | wait outside the nodes | "
+          "flwr-clientapp processes / messages | load | rounds |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    keys = ("rounds", "train", "spawn", "clientapp", "wait")
     for name, results in runs.items():
         label = f"{name} (what-if)" if SETUPS[name].what_if else name
         failed = [r["error"] for r in results if "error" in r]
         done = [r for r in results if "error" not in r]
         if not done:
-            print(f"| {label} | failed: {failed[0]} | | | | | | |")
+            print(f"| {label} | failed: {failed[0]} |" + " |" * 7)
             continue
-        pooled = {k: [x for r in done for x in r[k]] for k in ("rounds", "train", "node", "wait")}
-        rnd, train, node, wait = (statistics.median(pooled[k])
-                                  for k in ("rounds", "train", "node", "wait"))
-        print(f"| {label} | {rnd:.2f} s | {train:.2f} s | {node:.2f} s | {wait:.2f} s | "
+        med = {k: statistics.median([x for r in done for x in r[k]]) for k in keys}
+        print(f"| {label} | " + " | ".join(f"{med[k]:.2f} s" for k in keys) + " | "
               f"{sum(r['clientapps'] for r in done)} / {sum(r['messages'] for r in done)} | "
               f"{' '.join(str(r['load']) for r in done)} | "
-              f"{' '.join(f'{x:.1f}' for x in pooled['rounds'])} |"
+              f"{' '.join(f'{x:.1f}' for r in done for x in r['rounds'])} |"
               + (f" ({len(failed)} run(s) failed)" if failed else ""))
 
 
