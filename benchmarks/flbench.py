@@ -25,11 +25,12 @@ Setup, once, outside this repository (FL-bench's code never enters driftfl):
     cd /work/flbench/FL-bench && mkdir -p data/fmnist/FashionMNIST/raw
     for f in /usr/share/datasets/fashion-mnist/*.gz; do
         gunzip -c $f > data/fmnist/FashionMNIST/raw/$(basename $f .gz); done
-    ../venv/bin/python generate_data.py -d fmnist -a 0.5 -cn 10 --seed 0 -tr 0.142857 -pd 0 --use_cuda 0
+    ../venv/bin/python generate_data.py -d fmnist -a 0.5 -cn 10 --seed 0 -tr 0.142857 \\
+        -pd 0 --use_cuda 0
     # driftfl's CNN in FL-bench's MODELS as "driftfl_cnn" (src/utils/models.py): the class is
     # in docs/benchmarks.md, "Against FL-bench"
 
-Run (about 15 min on 2 cores; --rounds 2 for a quick check):
+Run (about 20 min on 2 quiet cores; --rounds 2 for a quick check, --modes parallel for one mode):
 
     .venv/bin/python benchmarks/flbench.py --flbench /work/flbench/FL-bench \\
         --flbench-python /work/flbench/venv/bin/python
@@ -111,6 +112,7 @@ def main() -> None:
     parser.add_argument("--flbench", type=Path, required=True, help="FL-bench's checkout")
     parser.add_argument("--flbench-python", required=True, help="python of FL-bench's venv")
     parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--modes", default="serial,parallel", help="FL-bench's modes to run")
     args = parser.parse_args()
     os.environ.setdefault("FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION", "1")
 
@@ -125,7 +127,8 @@ def main() -> None:
         "lr=0.05", "momentum=0.9", "seed=0"])}
     load["driftfl (2 Ray actors)"] = (before, os.getloadavg()[0])
     ours = [list(p.shape) for p in build_model({"name": "cnn"}, (1, 28, 28), 10).parameters()]
-    for mode, label in (("serial", "FL-bench serial"), ("parallel", "FL-bench parallel (2 Ray)")):
+    for mode in args.modes.split(","):
+        label = {"serial": "FL-bench serial", "parallel": "FL-bench parallel (2 Ray)"}[mode]
         print(f"  {label} ...", flush=True)
         before = os.getloadavg()[0]
         rows, shapes = flbench_rounds(args.flbench, args.flbench_python, mode, args.rounds)
