@@ -22,7 +22,8 @@ from driftfl.common.config import ExperimentConfig, experiment_config
 from driftfl.common.errors import ConfigError, lookup
 from driftfl.common.settings import Named, Settings, validated
 from driftfl.strategies import (AGGREGATIONS, DCFL, SELECTIONS, DriftStrategy, FedAvg, FedAvgM,
-                                FedCAD, FedCSD, FedGKD, FedProx, FedSSD)
+                                FedCAD, FedCSD, FedCurv, FedDyn, FedGKD, FedProto, FedProx, FedSSD,
+                                Scaffold)
 from driftfl.strategies.aux_set import AuxSet
 
 
@@ -41,10 +42,15 @@ METHODS: dict[str, Method] = {
     "fedlsd": Method(FedAvg, "lsd"),
     "fedntd": Method(FedAvg, "ntd"),
     "fedgkd": Method(FedGKD, "gkd"),
+    "moon": Method(FedAvg, "moon"),
+    "fedproto": Method(FedProto, "proto"),
     "fedssd": Method(FedSSD, "ssd"),
     "fedcad": Method(FedCAD, "cad"),
     "feddisco": Method(FedAvg, "ce"),  # its yaml chooses aggregation=feddisco
     "dcfl": Method(DCFL, "ce"),  # its yaml chooses selection=cka
+    "scaffold": Method(Scaffold, "scaffold"),
+    "feddyn": Method(FedDyn, "dyn"),
+    "fedcurv": Method(FedCurv, "curv"),
 }
 
 

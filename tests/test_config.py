@@ -95,7 +95,7 @@ def test_required_settings_must_be_given():
     ("num_clients=200 dataset.subset=100", "num_clients=200 is more than the 100 training"),
     ("dataset.subset=0", "dataset.subset must be >= 1, got 0"),
     ("strategy.name=fedfoo", "unknown strategy 'fedfoo'; valid: dcfl, fedavg, fedavgm, fedcad, fedcsd"),
-    ("strategy.objective=kd", "unknown objective 'kd'; valid: cad, ce, csd, gkd, lsd, ntd, prox, ssd"),
+    ("strategy.objective=kd", "unknown objective 'kd'; valid: cad, ce, csd, curv, dyn, gkd, lsd, moon, ntd"),
     ("strategy=fedprox strategy.mu=-1", "strategy.mu must be >= 0, got -1"),
     ("strategy=fedavgm strategy.server_momentum=1.0",
      r"strategy.server_momentum must be in \[0, 1\), got 1.0"),

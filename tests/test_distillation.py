@@ -175,3 +175,86 @@ def test_csd_one_exchange_reply_carries_this_rounds_client_prototypes():
     assert np.allclose(sent["prototypes"].numpy(), expected.numpy(), atol=1e-6)
     assert sent["counts"].numpy().tolist() == counts.tolist() == [2, 3, 1]
     assert build_objective("csd", params, job(False)).reply_records() == {}
+
+
+# --- FedCSD as its authors' code runs it (+experiment=fedcsd_code) ----------------------------
+
+def test_csd_kl_is_the_soft_cross_entropy_less_the_targets_entropy():
+    torch.manual_seed(0)
+    z, z_t = torch.randn(6, 4), torch.randn(6, 4)
+    labels, prototypes, tau = torch.tensor([0, 1, 2, 3, 0, 1]), torch.randn(4, 4), 4.0
+    soft_ce = csd_loss(z, z_t, labels, prototypes, tau, mask="off")
+    kl = csd_loss(z, z_t, labels, prototypes, tau, mask="off", divergence="kl")
+    weights = F.softmax(F.cosine_similarity(z[:, None], prototypes[None], dim=2), dim=1)
+    target = F.softmax(weights * z_t / tau, dim=1)
+    entropy = -(target * target.log()).sum(dim=1).mean()
+    assert kl.item() == pytest.approx(soft_ce.item() - tau ** 2 * entropy.item(), rel=1e-5)
+
+
+def test_csd_mask_on_the_refined_teacher_drops_what_the_plain_teacher_keeps():
+    """2 classes: z = (1, 0), P = ((1, 0), (-1, 0)): cos = (1, -1), weights softmax(1, -1) =
+    (0.881, 0.119). Teacher (-1, -3), label 0: p_t(0) = sigmoid(2) = 0.88 > 1/2, kept; refined
+    (-0.881, -0.357): p(0) = sigmoid(-0.524) = 0.37 < 1/2, dropped."""
+    z, z_t = torch.tensor([[1.0, 0.0]]), torch.tensor([[-1.0, -3.0]])
+    labels, prototypes = torch.tensor([0]), torch.tensor([[1.0, 0.0], [-1.0, 0.0]])
+    assert csd_loss(z, z_t, labels, prototypes, 1.0, mask_on="teacher").item() > 0
+    assert csd_loss(z, z_t, labels, prototypes, 1.0, mask_on="refined").item() == 0
+
+
+def test_csd_code_reading_lets_the_gradient_through_the_similarity():
+    torch.manual_seed(1)
+    z_t, labels, prototypes = torch.randn(4, 3), torch.tensor([0, 1, 2, 0]), torch.randn(3, 3)
+    grads = []
+    for detach in (True, False):
+        z = torch.randn(4, 3, generator=torch.Generator().manual_seed(2)).requires_grad_(True)
+        csd_loss(z, z_t, labels, prototypes, 4.0, mask="off", divergence="kl",
+                 detach_similarity=detach).backward()
+        grads.append(z.grad)
+    assert not torch.allclose(grads[0], grads[1])
+
+
+def csd_job(teacher, content=None):
+    from types import SimpleNamespace
+
+    from flwr.app import ConfigRecord
+
+    from driftfl.common.protocol import CONFIG
+    message = SimpleNamespace(content={
+        "teacher": ArrayRecord({k: Array(v.detach().numpy())
+                                for k, v in teacher.state_dict().items()}),
+        CONFIG: ConfigRecord({}), **(content or {})})
+    return SimpleNamespace(message=message, model=lambda record: teacher, num_classes=3,
+                           context=Context(run_id=1, node_id=1, node_config={},
+                                           state=RecordDict(), run_config={}))
+
+
+CODE = {"mu": 0.5, "tau": 4.0, "prototypes": "local", "combination": "convex",
+        "mask_on": "refined", "divergence": "kl", "detach_similarity": False}
+
+
+def test_csd_local_prototypes_come_from_the_teachers_logits_on_the_clients_data():
+    from driftfl.client.objectives import build_objective
+    from driftfl.common.models import DriftModel
+
+    torch.manual_seed(0)
+    teacher = torch.nn.Linear(4, 3)
+    x, y = torch.randn(6, 4), torch.tensor([0, 0, 1, 1, 1, 2])
+    objective = build_objective("csd", CODE, csd_job(teacher))  # no prototypes record sent
+    objective.prepare(DriftModel(torch.nn.Identity(), 4, 3), x, y)
+    expected, _ = class_prototypes(teacher(x).detach(), y, 3)
+    assert torch.allclose(objective.prototypes, expected, atol=1e-6)
+
+
+def test_csd_convex_combination_weighs_ce_by_one_minus_mu():
+    from driftfl.client.objectives import build_objective
+    from driftfl.common.models import DriftModel
+    from driftfl.common.training import Batch
+
+    torch.manual_seed(0)
+    teacher, student = torch.nn.Linear(4, 3), DriftModel(torch.nn.Identity(), 4, 3)
+    x, y = torch.randn(6, 4), torch.tensor([0, 0, 1, 1, 1, 2])
+    objective = build_objective("csd", CODE, csd_job(teacher))
+    objective.prepare(student, x, y)
+    batch = Batch(x, y, x, student(x), torch.arange(6))
+    expected = 0.5 * F.cross_entropy(batch.logits, y) + 0.5 * objective.term(batch)
+    assert objective.loss(batch).item() == pytest.approx(expected.item())

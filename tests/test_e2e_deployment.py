@@ -123,3 +123,27 @@ def test_nodes_that_cannot_read_their_data_stop_the_run_before_training(tmp_path
     # each node's own log holds its full reason
     assert f"no images found in {tmp_path / 'empty'}" in (tmp_path / "supernode0.log").read_text()
     assert NO_DATA_NAMED in (tmp_path / "supernode1.log").read_text()
+
+
+def test_scaffold_and_moon_carry_client_state_between_rounds_through_real_supernodes(
+        tmp_path, fmnist_available):
+    """SCAFFOLD's c_k and MOON's previous local model live in the node's state: each message
+    runs in a fresh ClientApp process, so round 2 sees them only if the SuperNode kept them."""
+    nodes = [f"dataset='fmnist' partition-id={i} num-partitions=2" for i in range(2)]
+    rows = {}
+    with deployment(nodes, tmp_path) as run:
+        for method in ("scaffold", "moon"):
+            run_dir = tmp_path / method
+            out = run(f"strategy={method} model=mlp dataset.subset=4000 dataset.test_subset=2000 "
+                      "num_clients=2 rounds=2 node_wait=120", run_dir)
+            assert (run_dir / "summary.json").is_file(), out.stdout[-3000:] + out.stderr[-3000:]
+            rows[method] = json.loads((run_dir / "metrics.json").read_text())["rounds"]
+    for method, method_rows in rows.items():
+        assert method_rows[-1]["test_accuracy"] > method_rows[0]["test_accuracy"] + 0.3, method
+        assert all(r["clients"] == 2 and r["rejected"] == 0 for r in method_rows[1:]), method
+    # round 1 trains with c_k = 0; round 2 with the c_k each node kept
+    assert rows["scaffold"][1]["control_norm"] == 0 < rows["scaffold"][2]["control_norm"]
+    # SCAFFOLD sends c with the model and replies Delta c_k: about twice FedAvg's bytes
+    assert rows["scaffold"][2]["bytes_sent"] > 1.9 * rows["moon"][2]["bytes_sent"]
+    # MOON: round 1 falls back to the global model, round 2 uses the stored previous model
+    assert [r["moon_previous_model"] for r in rows["moon"][1:]] == [0, 1]

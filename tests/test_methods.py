@@ -163,3 +163,34 @@ def test_a_methods_aggregation_comes_from_its_yaml_and_yields_to_the_command_lin
 def test_objectives_declare_what_they_need_and_strategies_what_they_send():
     for name, method in METHODS.items():
         assert OBJECTIVES[method.objective].needs <= method.strategy.provides, name
+
+
+def test_fedcsd_code_trains_without_any_prototype_exchange(fmnist_available, server_task):
+    """+experiment=fedcsd_code: each client builds its own prototypes, so the round has no
+    prototype phase and the train messages carry the teacher but no prototypes."""
+    from driftfl.common.protocol import PROTOTYPES, TEACHER, model_to_arrays
+
+    experiment = prepare_experiment(compose(["+experiment=fedcsd_code", *TINY]))
+    cfg = experiment.cfg
+    assert (cfg.label, cfg.strategy.prototypes, cfg.strategy.mu) == ("fedcsd-code", "local", 0.5)
+    model = experiment.initial_model()
+    strategy = build_strategy(cfg, model)
+
+    class Recording(InProcessGrid):
+        sent: list = []
+
+        def send_and_receive(self, messages, timeout=None):
+            messages = list(messages)
+            self.sent += messages
+            return super().send_and_receive(messages, timeout)
+
+    grid = Recording(fmnist_nodes(2))
+    record = ConfigRecord({EXPERIMENT: cfg.to_json(), DATASET_META: experiment.meta.to_json()})
+    strategy.meet(survey_clients(grid, record, 2, node_wait=5, timeout=60))
+    grid.sent.clear()
+    strategy.start(grid=grid, initial_arrays=model_to_arrays(model), num_rounds=1,
+                   train_config=record, evaluate_config=ConfigRecord(dict(record)))
+    train = [m for m in grid.sent if m.metadata.message_type == "train"]
+    assert len(train) == len(grid.sent) == 2  # no query before training
+    assert all(TEACHER in m.content and PROTOTYPES not in m.content for m in train)
+    assert strategy.report.rejected == [] and strategy.report.clients == 2

@@ -26,7 +26,8 @@ def test_the_client_knows_every_objective_a_method_names():
     from driftfl.methods import METHODS
 
     assert {method.objective for method in METHODS.values()} <= set(OBJECTIVES)
-    assert set(OBJECTIVES) == {"ce", "prox", "csd", "lsd", "ntd", "gkd", "ssd", "cad"}
+    assert set(OBJECTIVES) == {"ce", "prox", "csd", "lsd", "ntd", "gkd", "ssd", "cad", "scaffold",
+                               "dyn", "moon", "proto", "curv"}
 
 
 def test_batches_cover_every_sample_once_per_epoch():

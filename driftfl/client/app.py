@@ -58,6 +58,7 @@ def train(msg: Message, context: Context) -> Message:
                 x, y, torch.Generator().manual_seed(_seed(job, 2)))
             records[CONDENSED], extra[CONDENSE_SECONDS] = to_record(images, labels), seconds
         stats = dcfl.train(model, x, y, objective, generator, received_images(msg, job))
+    objective.after_training(model, stats)
     metrics = MetricRecord({NUM_EXAMPLES: stats.num_examples, LOCAL_STEPS: stats.steps,
                             TRAIN_LOSS: stats.mean_loss,
                             "logit-shift": logit_shift(global_logits, model, probe_x),

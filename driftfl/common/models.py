@@ -21,6 +21,9 @@ class ModelSettings(Settings):
     """The ``model`` section; most models take nothing more than their name."""
 
     name: str
+    # MOON's projection head, for any model: 0 none; n > 0: Linear(d, d) - ReLU - Linear(d, n)
+    # after the features, so that ``features`` returns the projection and the head classifies it
+    projection: int = Field(0, ge=0)
 
 
 class MlpSettings(ModelSettings):
@@ -35,6 +38,26 @@ class DriftModel(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(self.features(x))
+
+
+class Projected(nn.Module):
+    """A feature extractor followed by MOON's projection head (Li et al. 2021, Sec. 3.2)."""
+
+    def __init__(self, body: nn.Module, feature_dim: int, out_dim: int):
+        super().__init__()
+        self.body = body
+        self.projection = nn.Sequential(nn.Linear(feature_dim, feature_dim), nn.ReLU(),
+                                        nn.Linear(feature_dim, out_dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.projection(self.body(x))
+
+
+def with_projection(model: DriftModel, out_dim: int) -> DriftModel:
+    """``model`` with the projection head between its features and a new head of input out_dim."""
+    model.features = Projected(model.features, model.head.in_features, out_dim)
+    model.head = nn.Linear(out_dim, model.head.out_features)
+    return model
 
 
 def _flat_dim(body: nn.Module, shape) -> int:
@@ -96,7 +119,9 @@ def build_model(spec: Mapping | ModelSettings, shape, num_classes: int) -> Drift
     """The model a ``model`` section names, for images of ``shape`` (C, H, W)."""
     spec = model_settings(spec)
     try:
-        return MODELS[spec.name][1](tuple(shape), num_classes, **spec.model_dump(exclude={"name"}))
+        model = MODELS[spec.name][1](tuple(shape), num_classes,
+                                    **spec.model_dump(exclude={"name", "projection"}))
     except RuntimeError as err:  # e.g. images too small for the conv stack
         raise ConfigError(f"model '{spec.name}' cannot take images of shape "
                           f"{tuple(shape)}: {err}") from None
+    return with_projection(model, spec.projection) if spec.projection else model

@@ -57,6 +57,22 @@ CREDIBILITY = "credibility"  # FedSSD: arrays "matrix" (C, C), the global model'
 CLASS_PHI = "class-phi"  # FedCAD with alpha_source=aux: arrays "phi" (C,), E_{x|y}[phi] on the
 #                          aux set; without it a client estimates E_{x|y}[phi] on its own data
 
+# FedCurv: the train message's "fisher-penalty" holds, per trainable parameter name k, arrays
+# "penalty.<k>" = sum_{j != node} F_j and "anchor.<k>" = sum_{j != node} F_j * w_j (per node);
+# the reply's "fisher" holds the node's diagonal Fisher F_k, one array per parameter name
+FISHER_PENALTY = "fisher-penalty"
+FISHER = "fisher"
+
+# FedProto: the train message's "feature-prototypes" (from round 2) holds "prototypes" (C, d),
+# the global per-class mean features P_G, and "present" (C,) bool, the classes that have one; the
+# reply's holds the node's "prototypes" (C, d) float32 and per-class "counts" (C,) int64
+FEATURE_PROTOTYPES = "feature-prototypes"
+
+# SCAFFOLD: the train message's "control" holds the server's control variate c, one array per
+# trainable parameter name; the reply's "control-delta" holds Delta c_k = c_k+ - c_k, same keys
+CONTROL = "control"
+CONTROL_DELTA = "control-delta"
+
 # FedCSD's prototype phase: query "query.csd_prototypes" carries the teacher; the reply's
 # "prototypes" record holds "prototypes" (C, C) mean teacher logits per class and "counts" (C,)
 CSD_PROTOTYPES = "csd_prototypes"

@@ -30,6 +30,8 @@ class LocalObjective(Protocol):
 
     def loss(self, batch: Batch) -> torch.Tensor: ...
 
+    def before_step(self, model: nn.Module) -> None: ...
+
 
 class CrossEntropy:
     """Plain cross-entropy (what a client's ``ce`` objective is, without its registry)."""
@@ -39,6 +41,9 @@ class CrossEntropy:
 
     def loss(self, batch: Batch) -> torch.Tensor:
         return F.cross_entropy(batch.logits, batch.y)
+
+    def before_step(self, model: nn.Module) -> None:
+        pass
 
 
 @dataclass(frozen=True)
@@ -92,6 +97,7 @@ def train_locally(model: nn.Module, x: torch.Tensor, y: torch.Tensor, settings: 
             loss = objective.loss(Batch(xb, yb, features, model.head(features), idx))
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
+            objective.before_step(model)  # a method may correct the gradients (SCAFFOLD)
             optimizer.step()
             steps += 1
             seen += len(yb)

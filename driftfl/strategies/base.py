@@ -186,15 +186,25 @@ class DriftStrategy(FedAvg):
         """Further named records a method sends with the global model (none for FedAvg)."""
         return {}
 
+    def node_knowledge(self, server_round: int, node: int) -> dict:
+        """Named records for one node only (FedCurv leaves the node's own terms out)."""
+        return {}
+
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                         grid: Grid) -> Iterable[Message]:
         self.global_arrays = to_numpy(arrays)
         config[SERVER_ROUND] = server_round
         config[METHOD] = self.objective
         nodes = self.before_train(server_round, self.sample(server_round, grid), config, grid)
-        content = RecordDict({ARRAYS: arrays, CONFIG: config, **self.knowledge(server_round)})
+        shared = {ARRAYS: arrays, CONFIG: config, **self.knowledge(server_round)}
+        content = RecordDict(shared)
         log(INFO, "configure_train: %d of the nodes train in round %d", len(nodes), server_round)
-        return self._construct_messages(content, nodes, MessageType.TRAIN)
+        messages = []
+        for node in nodes:
+            own = self.node_knowledge(server_round, node)
+            messages += self._construct_messages(RecordDict({**shared, **own}) if own else content,
+                                                 [node], MessageType.TRAIN)
+        return messages
 
     # -- what comes back -----------------------------------------------------------------
     def accept(self, replies: Iterable[Message]) -> list[ClientUpdate]:

@@ -7,14 +7,14 @@
 3. After FedAvg: teacher <- alpha * teacher + (1 - alpha) * global (alpha = 0: the last global).
 With prototypes=previous (the one-exchange option, docs/algorithms.md) there is no step 1: the
 train message carries the previous round's P_G (zero rows in round 1) and the train replies bring
-the P_k for the next round.
+the P_k for the next round. With prototypes=local (the authors' code) nothing but the teacher is
+sent: each client builds its own P from the teacher's logits on its data.
 """
 
 from __future__ import annotations
 
 import math
 from logging import WARNING
-from typing import Literal
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
@@ -72,24 +72,25 @@ def global_prototypes(replies: list[tuple[np.ndarray, np.ndarray]],
 class FedCSDSettings(StrategySettings):
     alpha: float = Field(0.9, ge=0, lt=1)  # teacher momentum (TMA)
     tma: bool = True  # false: the teacher is the last global model (alpha = 0)
-    prototypes: Literal["exchange", "previous"] = "exchange"  # previous: one exchange a round
 
 
 class FedCSD(EMATeacher):
-    """``one_exchange``: prototypes=previous; ``num_classes``: the rows of P_G."""
+    """``prototypes``: exchange, previous or local (the objective's setting: where P comes
+    from); ``num_classes``: the rows of P_G."""
 
     Settings = FedCSDSettings
     provides = frozenset({TEACHER, PROTOTYPES})
 
-    def __init__(self, *, one_exchange: bool, num_classes: int, **kwargs):
+    def __init__(self, *, prototypes: str, num_classes: int, **kwargs):
         super().__init__(**kwargs)
-        self.one_exchange = one_exchange
+        self.one_exchange = prototypes == "previous"
+        self.local = prototypes == "local"  # each client its own P: nothing exchanged
         self.num_classes = num_classes
 
     @classmethod
     def arguments(cls, settings, *, model, aux_set, **_):
         return {"alpha": settings.alpha if settings.tma else 0.0,
-                "one_exchange": settings.prototypes == "previous",
+                "prototypes": settings.prototypes,
                 "num_classes": model.head.out_features}
 
     def gather(self, replies) -> tuple[list[int], np.ndarray]:
@@ -106,6 +107,8 @@ class FedCSD(EMATeacher):
         return answered, global_prototypes(usable, self.num_classes)
 
     def before_train(self, server_round, nodes, config: ConfigRecord, grid):
+        if self.local:
+            return nodes
         if self.one_exchange:
             config[PROTOTYPES_IN_REPLY] = True  # the replies bring the next round's P_k
             if server_round == 1:
@@ -128,5 +131,7 @@ class FedCSD(EMATeacher):
         return arrays, metrics
 
     def knowledge(self, server_round: int) -> dict:
+        if self.local:
+            return super().knowledge(server_round)
         return {**super().knowledge(server_round),
                 PROTOTYPES: ArrayRecord({"prototypes": Array(self.prototypes)})}

@@ -14,16 +14,9 @@ from __future__ import annotations
 import numpy as np
 
 from driftfl.common.protocol import LOCAL_STEPS
+from driftfl.common.sgd import nova_normaliser
 
 from .aggregation import Aggregation, weighted_average
-
-
-def nova_normaliser(steps: float, momentum: float) -> float:
-    """a_k for ``steps`` local steps of SGD with ``momentum`` (the FedNova paper's ||a||_1)."""
-    if momentum == 0:
-        return float(steps)
-    rho = momentum
-    return (steps - rho * (1 - rho ** steps) / (1 - rho)) / (1 - rho)
 
 
 class FedNovaAggregation(Aggregation):

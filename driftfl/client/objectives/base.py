@@ -11,7 +11,7 @@ from torch import nn
 
 from driftfl.common.errors import lookup
 from driftfl.common.settings import NoSettings, Settings, validated
-from driftfl.common.training import Batch  # noqa: F401  (objectives import it from here)
+from driftfl.common.training import Batch, TrainStats  # noqa: F401  (objectives import them here)
 
 if TYPE_CHECKING:
     from driftfl.client.job import ClientJob
@@ -63,6 +63,15 @@ class Objective:
         ce = F.cross_entropy(batch.logits, batch.y)
         term = self.term(batch)
         return ce if term is None else ce + self.weight * term
+
+    def before_step(self, model: nn.Module) -> None:
+        """Called after each backward pass, before the optimizer's step: a method may correct
+        the gradients here (SCAFFOLD adds c - c_k)."""
+
+    def after_training(self, model: nn.Module, stats: TrainStats) -> None:
+        """Called once after local training, with the trained model and the loop's counts:
+        update the node's state (SCAFFOLD's c_k, MOON's previous model) or measure what the
+        reply carries (FedProto's prototypes)."""
 
     def diagnostics(self) -> dict[str, float]:
         return {}

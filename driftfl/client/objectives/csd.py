@@ -11,6 +11,13 @@ teacher (checked by digest), so the round needs a single teacher forward pass.
 With prototypes=previous (one exchange a round) there is no prototype phase: the train message
 carries the previous round's P_G and asks (``prototypes-in-reply``) for this round's P_k, made
 from the same teacher logits.
+
+The authors' public code (IAMJackYan/FedCSD, train_ours.py) differs from the paper in ways each
+of which is a setting here (``+experiment=fedcsd_code`` sets them all): prototypes=local (P from
+the teacher's logits on the client's own data, no exchange), combination=convex
+((1 - mu) CE + mu L), mask_on=refined (the mask on softmax(z_hat)), divergence=kl
+(KL(q_t || q) instead of the soft cross-entropy) and detach_similarity=false (a gradient path
+through delta).
 """
 
 from __future__ import annotations
@@ -42,18 +49,31 @@ def csd_mask(teacher_logits: torch.Tensor, labels: torch.Tensor, mode: str) -> t
     return torch.ones(len(labels), device=teacher_logits.device)
 
 
+def refine(logits, teacher_logits, prototypes) -> torch.Tensor:
+    """z_hat = softmax_c(cos(z, P_c)) * z_t."""
+    delta = F.cosine_similarity(logits[:, None, :], prototypes[None, :, :], dim=2)
+    return F.softmax(delta, dim=1) * teacher_logits
+
+
 def csd_loss(logits, teacher_logits, labels, prototypes, tau: float, similarity: bool = True,
-             mask: str = "adaptive") -> torch.Tensor:
-    """L_CSD for a batch (mean over all its samples, masked ones included)."""
+             mask: str = "adaptive", mask_on: str = "teacher", divergence: str = "cross_entropy",
+             detach_similarity: bool = True) -> torch.Tensor:
+    """L_CSD for a batch (mean over all its samples, masked ones included). The paper's reading
+    by default; the other values are the authors' code's (module docstring)."""
     teacher_logits = teacher_logits.detach()
     if similarity:
-        delta = F.cosine_similarity(logits.detach()[:, None, :], prototypes[None, :, :], dim=2)
-        refined = F.softmax(delta, dim=1) * teacher_logits
+        refined = refine(logits.detach() if detach_similarity else logits, teacher_logits,
+                         prototypes)
     else:
         refined = teacher_logits
     target = F.softmax(refined / tau, dim=1)
-    per_sample = -(target * F.log_softmax(logits / tau, dim=1)).sum(dim=1) * tau ** 2
-    return (csd_mask(teacher_logits, labels, mask) * per_sample).mean()
+    log_q = F.log_softmax(logits / tau, dim=1)
+    if divergence == "kl":  # KL(target || q): the soft cross-entropy minus the target's entropy
+        per_sample = (target * (F.log_softmax(refined / tau, dim=1) - log_q)).sum(dim=1)
+    else:
+        per_sample = -(target * log_q).sum(dim=1)
+    kept = csd_mask(refined.detach() if mask_on == "refined" else teacher_logits, labels, mask)
+    return (kept * per_sample * tau ** 2).mean()
 
 
 def class_prototypes(logits: torch.Tensor, labels: torch.Tensor, num_classes: int):
@@ -92,6 +112,13 @@ class CSDSettings(Settings):
     tau: float = Field(10.0, gt=0)  # distillation temperature
     similarity: bool = True  # weight teacher logits by softmax(cos(z, P_G,c)); false: plain
     mask: Literal["adaptive", "forcible", "off"] = "adaptive"
+    # where P comes from: exchange (a prototype phase before training, the paper), previous (the
+    # previous round's P_G, one exchange a round), local (the client's own, the authors' code)
+    prototypes: Literal["exchange", "previous", "local"] = "exchange"
+    combination: Literal["sum", "convex"] = "sum"  # CE + mu L; convex: (1 - mu) CE + mu L
+    mask_on: Literal["teacher", "refined"] = "teacher"  # softmax(z_t) or softmax(z_hat)
+    divergence: Literal["cross_entropy", "kl"] = "cross_entropy"  # soft CE or KL(q_t || q)
+    detach_similarity: bool = True  # delta a target (the paper's reading); false: the code's
 
 
 class CSD(Distillation):
@@ -116,15 +143,30 @@ class CSD(Distillation):
 
     def prepare(self, model, x, y) -> None:
         super().prepare(model, x, y)
-        self.prototypes = torch.from_numpy(np.array(
-            self.job.message.content[PROTOTYPES]["prototypes"].numpy())).to(x.device)
+        if self.settings.prototypes == "local":  # the client's own P from the teacher's logits
+            num_classes = self.job.num_classes if self.job is not None else int(y.max()) + 1
+            self.prototypes = class_prototypes(self.teacher_logits, y, num_classes)[0]
+        else:
+            self.prototypes = torch.from_numpy(np.array(
+                self.job.message.content[PROTOTYPES]["prototypes"].numpy())).to(x.device)
         self.labels = y
-        kept = csd_mask(self.teacher_logits, y, self.mask)
+        masked_on = self.teacher_logits
+        if self.settings.mask_on == "refined":  # as the global model (the start) refines them
+            masked_on = refine(logits_of(model, x), self.teacher_logits, self.prototypes) \
+                if self.similarity else self.teacher_logits
+        kept = csd_mask(masked_on, y, self.mask)
         self.filter_rate = float(1 - kept.mean()) if len(kept) else 0.0
 
     def term(self, batch):
+        s = self.settings
         return csd_loss(batch.logits, self.teacher(batch), batch.y, self.prototypes, self.tau,
-                        self.similarity, self.mask)
+                        self.similarity, self.mask, s.mask_on, s.divergence, s.detach_similarity)
+
+    def loss(self, batch):
+        if self.settings.combination == "sum":
+            return super().loss(batch)
+        ce = F.cross_entropy(batch.logits, batch.y)
+        return (1 - self.weight) * ce + self.weight * self.term(batch)
 
     def diagnostics(self) -> dict[str, float]:
         # the share of samples whose teacher soft label the mask dropped; and whether the

@@ -1,0 +1,101 @@
+"""FedCurv's server: each node's latest diagonal Fisher terms, summed over the others.
+
+Node k's accepted reply brings F_k (its diagonal Fisher at its trained model w_k); the server
+keeps F_k and F_k * w_k (formed here from the reply's checked model) for every node whose reply
+it accepted, the latest of each (the FedNTD reference keeps them the same way). Each train
+message then carries, for its node k, P = sum_{j != k} F_j and Q = sum_{j != k} F_j * w_j: the
+node's own terms are left out by the server, which knows exactly which of them it holds.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from flwr.app import Array, ArrayRecord
+
+from driftfl.common.protocol import FISHER, FISHER_PENALTY
+
+from .base import DriftStrategy
+
+# A squared gradient component above this is no Fisher a sane model produces: corrupt or hostile.
+FISHER_BOUND = 1e6
+
+
+def check_fisher(record: ArrayRecord | None,
+                 reference: dict[str, np.ndarray]) -> dict[str, np.ndarray] | str:
+    """F_k by parameter name, or why it cannot be used: exactly the parameters' names, their
+    shapes, floating, finite, non-negative and within FISHER_BOUND."""
+    if record is None:
+        return f"reply lacks the '{FISHER}' record"
+    if set(record.keys()) != set(reference):
+        return f"'{FISHER}' names other arrays than the model's parameters"
+    fisher = {}
+    for key, ref in reference.items():
+        try:
+            value = record[key].numpy()
+        except Exception as err:  # unreadable bytes
+            return f"'{FISHER}' array '{key}' cannot be read: {err!r}"
+        if value.shape != ref.shape or value.dtype.kind != "f":
+            return f"'{FISHER}' array '{key}' is {value.dtype}{list(value.shape)}"
+        if not np.isfinite(value).all() or (value < 0).any() or (value > FISHER_BOUND).any():
+            return (f"'{FISHER}' array '{key}' is not finite, non-negative and within "
+                    f"{FISHER_BOUND:g}")
+        fisher[key] = value.astype(np.float64)
+    return fisher
+
+
+class FedCurv(DriftStrategy):
+    """``param_keys``: the model's trainable parameters (its other arrays are buffers)."""
+
+    provides = frozenset({FISHER_PENALTY})
+
+    def __init__(self, *, param_keys: frozenset[str], **kwargs):
+        super().__init__(**kwargs)
+        self.param_keys = param_keys
+        self.fisher: dict[int, dict[str, np.ndarray]] = {}  # node -> F_k
+        self.weighted: dict[int, dict[str, np.ndarray]] = {}  # node -> F_k * w_k
+        self.checked: dict[int, dict[str, np.ndarray]] = {}  # this round's checked F_k
+
+    @classmethod
+    def arguments(cls, settings, *, model, aux_set, **_):
+        return {"param_keys": frozenset(k for k, p in model.named_parameters()
+                                        if p.requires_grad)}
+
+    def reject(self, update) -> str | None:
+        reason = super().reject(update)
+        if reason:
+            return reason
+        fisher = check_fisher(update.message.content.array_records.get(FISHER),
+                              {k: self.global_arrays[k] for k in self.param_keys})
+        if isinstance(fisher, str):
+            return fisher
+        self.checked[update.node_id] = fisher
+        return None
+
+    def configure_train(self, server_round, arrays, config, grid):
+        # the sums over every node's latest terms, once a round
+        self.totals = {k: (sum(f[k] for f in self.fisher.values()),
+                           sum(g[k] for g in self.weighted.values())) for k in self.param_keys}
+        return super().configure_train(server_round, arrays, config, grid)
+
+    def node_knowledge(self, server_round: int, node: int) -> dict:
+        if not self.fisher:  # nobody's terms yet (round 1)
+            return {}
+        own_f, own_g = self.fisher.get(node), self.weighted.get(node)
+        arrays = {}
+        for key, (f_sum, g_sum) in self.totals.items():
+            penalty = f_sum - own_f[key] if own_f is not None else f_sum
+            anchor = g_sum - own_g[key] if own_g is not None else g_sum
+            arrays[f"penalty.{key}"] = Array(np.asarray(penalty, np.float32))
+            arrays[f"anchor.{key}"] = Array(np.asarray(anchor, np.float32))
+        return {FISHER_PENALTY: ArrayRecord(arrays)}
+
+    def aggregate_train(self, server_round, replies):
+        self.checked = {}
+        arrays, metrics = super().aggregate_train(server_round, replies)
+        if arrays is not None:  # keep the accepted replies' terms
+            for update in self.last_updates:
+                fisher = self.checked[update.node_id]
+                self.fisher[update.node_id] = fisher
+                self.weighted[update.node_id] = {k: fisher[k] * update.arrays[k]
+                                                 for k in self.param_keys}
+        return arrays, metrics

@@ -1,0 +1,107 @@
+"""FedProto's server (Tan et al., AAAI 2022), as the FedCSD paper compares it.
+
+Each train reply brings the node's prototypes P_k (C, d), its per-class mean features, and
+its per-class counts n_k. Over the replies accepted this round:
+  P_G,c = sum_k n_k,c P_k,c / sum_k n_k,c   for the classes some node held;
+a class nobody held this round has no global prototype (the authors replace P_G every round).
+P_G and which classes have one ("present") go out with the global model from round 2 on.
+The weights are averaged too (the configured aggregation, FedAvg by default) and the global
+model is evaluated centrally as for every method. A reply whose prototypes fail the checks is
+refused whole: it touches neither P_G nor the model. A round that leaves the global model as it
+was (no usable reply, or a refused aggregate) leaves P_G as it was.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, Message
+
+from driftfl.common.protocol import FEATURE_PROTOTYPES
+
+from .aggregation import ClientUpdate
+from .base import DriftStrategy
+from .fedcsd import PROTOTYPE_BOUND
+
+
+def check_feature_prototypes(msg: Message, num_classes: int, dim: int,
+                             num_examples: float = math.inf
+                             ) -> tuple[np.ndarray, np.ndarray] | str:
+    """(P_k, counts) of a train reply, or why they cannot be used: P_k (C, d) finite and
+    bounded, counts (C,) whole, non-negative and summing to at most the node's
+    ``num_examples`` (its data survey)."""
+    if FEATURE_PROTOTYPES not in msg.content.array_records:
+        return f"reply lacks the '{FEATURE_PROTOTYPES}' record"
+    record = msg.content.array_records[FEATURE_PROTOTYPES]
+    try:
+        prototypes, counts = record["prototypes"].numpy(), record["counts"].numpy()
+    except Exception as err:  # missing or unreadable arrays
+        return f"prototypes cannot be read: {err!r}"
+    if prototypes.shape != (num_classes, dim) or counts.shape != (num_classes,):
+        return (f"prototypes {prototypes.shape} / counts {counts.shape}; expected "
+                f"({num_classes}, {dim}) / ({num_classes},)")
+    if prototypes.dtype.kind != "f" or not np.isfinite(prototypes).all() \
+            or np.abs(prototypes).max(initial=0) > PROTOTYPE_BOUND:
+        return f"prototypes are not finite numbers within +-{PROTOTYPE_BOUND:g}"
+    if counts.dtype.kind not in "iuf" or not np.isfinite(counts).all() or (counts < 0).any() \
+            or (counts != np.round(counts)).any() or counts.sum() > num_examples:
+        return f"counts are not whole non-negative numbers summing to at most {num_examples}"
+    return prototypes.astype(np.float32), counts.astype(np.float64)
+
+
+def weighted_prototypes(replies: list[tuple[np.ndarray, np.ndarray]], num_classes: int,
+                        dim: int) -> tuple[np.ndarray, np.ndarray]:
+    """(P_G, present): P_G,c = sum_k n_k,c P_k,c / sum_k n_k,c; present_c = sum_k n_k,c > 0
+    (a zero row where false)."""
+    total = np.zeros((num_classes, dim), dtype=np.float64)
+    held = np.zeros(num_classes, dtype=np.float64)
+    for prototypes, counts in replies:
+        total += counts[:, None] * prototypes
+        held += counts
+    present = held > 0
+    return (total / np.maximum(held, 1)[:, None]).astype(np.float32), present
+
+
+class FedProto(DriftStrategy):
+    """``num_classes``, ``feature_dim``: the prototypes are (C, d), d the head's input."""
+
+    provides = frozenset({FEATURE_PROTOTYPES})
+
+    def __init__(self, *, num_classes: int, feature_dim: int, **kwargs):
+        super().__init__(**kwargs)
+        self.num_classes, self.feature_dim = num_classes, feature_dim
+        self.prototypes: np.ndarray | None = None  # P_G; None until a round has made one
+        self.present = np.zeros(num_classes, dtype=bool)
+
+    @classmethod
+    def arguments(cls, settings, *, model, aux_set, **_):
+        return {"num_classes": model.head.out_features, "feature_dim": model.head.in_features}
+
+    def knowledge(self, server_round: int) -> dict:
+        if self.prototypes is None:  # round 1: the clients train with plain cross-entropy
+            return {}
+        return {FEATURE_PROTOTYPES: ArrayRecord({"prototypes": Array(self.prototypes),
+                                                 "present": Array(self.present)})}
+
+    def prototypes_of(self, update: ClientUpdate) -> tuple[np.ndarray, np.ndarray] | str:
+        return check_feature_prototypes(update.message, self.num_classes, self.feature_dim,
+                                         self.survey_count(update.node_id))
+
+    def reject(self, update: ClientUpdate) -> str | None:
+        reason = super().reject(update)
+        if reason is None and isinstance(checked := self.prototypes_of(update), str):
+            reason = checked
+        return reason
+
+    def aggregate_train(self, server_round, replies):
+        arrays, metrics = super().aggregate_train(server_round, replies)
+        if arrays is not None:  # every accepted reply passed prototypes_of in reject
+            self.prototypes, self.present = weighted_prototypes(
+                [self.prototypes_of(u) for u in self.last_updates], self.num_classes,
+                self.feature_dim)
+        return arrays, metrics
+
+    def server_metrics(self, accuracy_of) -> dict[str, float]:
+        # the classes with a global prototype after this round's aggregation
+        return {"prototype_classes": float(self.present.sum())}
