@@ -11,6 +11,10 @@ training, Dirichlet(0.5), 1 local epoch, 4 rounds); printed per strategy, relati
 
     .venv/bin/python benchmarks/method_cost.py                       # about 15 min on 2 cores
     .venv/bin/python benchmarks/method_cost.py --strategies fedavg,fedcsd --epochs 5
+    .venv/bin/python benchmarks/method_cost.py \
+        --strategies scaffold,feddyn,moon,fedproto,fedcurv,fedcsd_code   # the baselines
+
+A name may also be an experiment of conf/experiment (``fedcsd_code``: ``+experiment=...``).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+CONF = Path(__file__).resolve().parent.parent / "conf"
 from _runs import driftfl_rounds, steady  # noqa: E402
 
 
@@ -40,18 +45,20 @@ def main() -> None:
         names.insert(0, "fedavg")
     print(f"method cost: Fashion-MNIST, {args.model}, 10 clients all training, Dirichlet(0.5), "
           f"{args.epochs} local epoch(s), {args.rounds} rounds; ratios to FedAvg")
-    print(f"{'strategy':<9} {'train phase':>12} {'ratio':>6}  {'round':>8} {'ratio':>6}  "
+    print(f"{'strategy':<11} {'train phase':>12} {'ratio':>6}  {'round':>8} {'ratio':>6}  "
           f"{'MB down/client':>14} {'ratio':>6}  {'MB up/client':>12} {'ratio':>6}  {'acc':>6}")
     base = None
     for name in names:
-        rows = driftfl_rounds([f"strategy={name}", f"model={args.model}", "num_clients=10",
+        method = (f"+experiment={name}" if (CONF / "experiment" / f"{name}.yaml").is_file()
+                  else f"strategy={name}")
+        rows = driftfl_rounds([method, f"model={args.model}", "num_clients=10",
                                "fraction=1.0", f"local_epochs={args.epochs}",
                                f"rounds={args.rounds}", "seed=0"])
         m = {"train": steady(rows, "train_seconds"), "round": steady(rows, "seconds"),
              "down": per_client(rows, "bytes_sent") / 2**20,
              "up": per_client(rows, "bytes_received") / 2**20}
         base = base or m
-        print(f"{name:<9} {m['train']:>10.2f} s {m['train'] / base['train']:>5.2f}x  "
+        print(f"{name:<11} {m['train']:>10.2f} s {m['train'] / base['train']:>5.2f}x  "
               f"{m['round']:>6.2f} s {m['round'] / base['round']:>5.2f}x  "
               f"{m['down']:>14.2f} {m['down'] / base['down']:>5.2f}x  "
               f"{m['up']:>12.2f} {m['up'] / base['up']:>5.2f}x  "
