@@ -33,23 +33,28 @@ from .teacher import EMATeacher
 PROTOTYPE_BOUND = 1e4
 
 
-def check_prototypes(msg: Message, num_classes: int,
-                     num_examples: float = math.inf) -> tuple[np.ndarray, np.ndarray] | str:
-    """(P_k, counts), or why the reply cannot be used: P_k finite and bounded, counts whole,
-    non-negative and summing to at most the node's ``num_examples`` (its data survey)."""
+def check_prototypes(msg: Message, num_classes: int, num_examples: float = math.inf, *,
+                     record: str = PROTOTYPES, dim: int | None = None
+                     ) -> tuple[np.ndarray, np.ndarray] | str:
+    """(P_k, counts) from the reply's ``record``, or why the reply cannot be used: P_k
+    (num_classes, dim) finite and bounded (dim: num_classes for FedCSD's logit prototypes),
+    counts whole, non-negative and summing to at most the node's ``num_examples`` (its data
+    survey). FedProto checks its feature prototypes with it too."""
+    dim = num_classes if dim is None else dim
     if msg.has_error():
         return f"error reply: {msg.error.reason}"
-    if PROTOTYPES not in msg.content.array_records:
-        return f"reply lacks the '{PROTOTYPES}' record"
-    record = msg.content.array_records[PROTOTYPES]
+    if record not in msg.content.array_records:
+        return f"reply lacks the '{record}' record"
+    arrays = msg.content.array_records[record]
     try:
-        prototypes, counts = record["prototypes"].numpy(), record["counts"].numpy()
+        prototypes, counts = arrays["prototypes"].numpy(), arrays["counts"].numpy()
     except Exception as err:  # missing or unreadable arrays
         return f"prototypes cannot be read: {err!r}"
-    if prototypes.shape != (num_classes, num_classes) or counts.shape != (num_classes,):
-        return f"prototypes {prototypes.shape} / counts {counts.shape} for {num_classes} classes"
+    if prototypes.shape != (num_classes, dim) or counts.shape != (num_classes,):
+        return (f"prototypes {prototypes.shape} / counts {counts.shape} for {num_classes} "
+                f"classes: expected ({num_classes}, {dim}) / ({num_classes},)")
     if prototypes.dtype.kind != "f" or not np.isfinite(prototypes).all() \
-            or np.abs(prototypes).max() > PROTOTYPE_BOUND:
+            or np.abs(prototypes).max(initial=0) > PROTOTYPE_BOUND:
         return f"prototypes are not finite numbers within +-{PROTOTYPE_BOUND:g}"
     if counts.dtype.kind not in "iuf" or not np.isfinite(counts).all() or (counts < 0).any() \
             or (counts != np.round(counts)).any() or counts.sum() > num_examples:

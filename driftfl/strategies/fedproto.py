@@ -22,32 +22,17 @@ from driftfl.common.protocol import FEATURE_PROTOTYPES
 
 from .aggregation import ClientUpdate
 from .base import DriftStrategy
-from .fedcsd import PROTOTYPE_BOUND
+from .fedcsd import check_prototypes
 
 
 def check_feature_prototypes(msg: Message, num_classes: int, dim: int,
                              num_examples: float = math.inf
                              ) -> tuple[np.ndarray, np.ndarray] | str:
-    """(P_k, counts) of a train reply, or why they cannot be used: P_k (C, d) finite and
-    bounded, counts (C,) whole, non-negative and summing to at most the node's
-    ``num_examples`` (its data survey)."""
-    if FEATURE_PROTOTYPES not in msg.content.array_records:
-        return f"reply lacks the '{FEATURE_PROTOTYPES}' record"
-    record = msg.content.array_records[FEATURE_PROTOTYPES]
-    try:
-        prototypes, counts = record["prototypes"].numpy(), record["counts"].numpy()
-    except Exception as err:  # missing or unreadable arrays
-        return f"prototypes cannot be read: {err!r}"
-    if prototypes.shape != (num_classes, dim) or counts.shape != (num_classes,):
-        return (f"prototypes {prototypes.shape} / counts {counts.shape}; expected "
-                f"({num_classes}, {dim}) / ({num_classes},)")
-    if prototypes.dtype.kind != "f" or not np.isfinite(prototypes).all() \
-            or np.abs(prototypes).max(initial=0) > PROTOTYPE_BOUND:
-        return f"prototypes are not finite numbers within +-{PROTOTYPE_BOUND:g}"
-    if counts.dtype.kind not in "iuf" or not np.isfinite(counts).all() or (counts < 0).any() \
-            or (counts != np.round(counts)).any() or counts.sum() > num_examples:
-        return f"counts are not whole non-negative numbers summing to at most {num_examples}"
-    return prototypes.astype(np.float32), counts.astype(np.float64)
+    """(P_k, counts) of a train reply, or why they cannot be used: FedCSD's prototype checks
+    (finite, bounded, counts whole and within the survey) on (C, d) feature prototypes."""
+    checked = check_prototypes(msg, num_classes, num_examples, record=FEATURE_PROTOTYPES,
+                               dim=dim)
+    return checked if isinstance(checked, str) else (checked[0], checked[1].astype(np.float64))
 
 
 def weighted_prototypes(replies: list[tuple[np.ndarray, np.ndarray]], num_classes: int,
