@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import csv
 import json
-import re
 import shutil
 import subprocess
 import sys
@@ -116,9 +115,10 @@ def test_a_run_attached_to_a_ray_cluster_trains_on_it(tmp_path, fmnist_available
     # the clients ran on the cluster's workers: its head still runs, and the run's Ray driver
     # joined it rather than starting an instance of its own
     assert head.poll() is None
-    logs = [p.name for p in (temp / "session_latest" / "logs").iterdir()]
-    assert any(name.startswith("python-core-driver-") for name in logs), logs
-    actors = set(re.findall(r"ClientAppActor pid=(\d+)", out.stdout))
-    cluster_workers = {re.search(r"_(\d+)\.log$", name).group(1) for name in logs
-                       if name.startswith("python-core-worker-")}
-    assert actors and actors <= cluster_workers, (actors, cluster_workers)
+    logs = temp / "session_latest" / "logs"
+    assert any(p.name.startswith("python-core-driver-") for p in logs.iterdir())
+    # each worker of the cluster writes the class of the actor it hosts at the head of its own
+    # stdout file (read from disk: the copy forwarded to the driver's stdout can lag under load)
+    hosts = [p.name for p in logs.glob("worker-*.out")
+             if ":actor_name:ClientAppActor" in p.read_text(errors="replace")]
+    assert hosts, sorted(p.name for p in logs.iterdir())
