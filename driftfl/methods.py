@@ -123,6 +123,9 @@ def check_experiment(cfg: ExperimentConfig | dict[str, Any]) -> ExperimentConfig
         raise ConfigError(f"selection={checked.selection.name} needs what only strategy="
                           f"{' / '.join(offer)} provides ({', '.join(sorted(missing))}); with "
                           f"strategy={checked.strategy.name} use selection=uniform ({SPEC})")
+    if checked.min_clients > checked.num_clients:
+        raise ConfigError(f"min_clients={checked.min_clients} exceeds num_clients="
+                          f"{checked.num_clients}; set min_clients at most num_clients")
     AGGREGATIONS[checked.aggregation.name].check(checked)
     return checked
 

@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import signal
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -21,42 +24,67 @@ from driftfl.launch import _tool, _wait_healthy, flwr_env, free_port, stop
 pytestmark = pytest.mark.e2e
 
 
+class Deployment:
+    """A SuperLink and its SuperNodes as processes; calling it runs `flwr run <overrides>`."""
+
+    def __init__(self, node_configs: list[str], logs: Path, flwr_home: str):
+        self.node_configs, self.logs = node_configs, logs
+        self.port = free_port()
+        (Path(flwr_home) / "config.toml").write_text(
+            f'[superlink.deployment]\naddress = "127.0.0.1:{self.port}"\ninsecure = true\n')
+        self.env = flwr_env(flwr_home)
+        self.processes: list[subprocess.Popen] = []
+        self.nodes: dict[int, subprocess.Popen] = {}
+
+    def start(self, cmd: list[str], name: str, mode: str = "w") -> subprocess.Popen:
+        with open(self.logs / f"{name}.log", mode) as log:
+            self.processes.append(subprocess.Popen(cmd, env=self.env, stdout=log,
+                                                   stderr=subprocess.STDOUT,
+                                                   start_new_session=True))
+        return self.processes[-1]
+
+    def start_superlink(self) -> None:
+        superlink = self.start([_tool("flower-superlink"), "--insecure", "--host", "127.0.0.1",
+                                "--port", str(self.port),
+                                "--disable-runtime-dependency-installation"], "superlink")
+        _wait_healthy(self.port, superlink, self.logs / "superlink.log")
+
+    def start_node(self, i: int) -> None:
+        """SuperNode i (again, after a kill: a new process, which gets a new node id)."""
+        self.nodes[i] = self.start(
+            [_tool("flower-supernode"), "--insecure", "--superlink", f"127.0.0.1:{self.port}",
+             "--port", str(free_port()), "--node-config", self.node_configs[i]],
+            f"supernode{i}", "a")
+
+    def kill(self, i: int) -> None:
+        """SIGKILL SuperNode i and the ClientApp it may be running, as a machine that dies."""
+        os.killpg(self.nodes[i].pid, signal.SIGKILL)
+        self.nodes[i].wait()
+
+    def command(self, overrides: str, run_dir: Path) -> list[str]:
+        return [_tool("flwr"), "run", str(REPO), "deployment", "--stream", "--run-config",
+                f"overrides='{overrides}' run-dir='{run_dir}'"]
+
+    def __call__(self, overrides: str, run_dir: Path) -> subprocess.CompletedProcess:
+        return subprocess.run(self.command(overrides, run_dir), env=self.env,
+                              capture_output=True, text=True, timeout=900)
+
+
 @contextlib.contextmanager
 def deployment(node_configs: list[str], logs: Path):
-    """A SuperLink and one SuperNode per node config; yields `flwr run <overrides>`."""
-    processes = []
-
-    def start(cmd, name):
-        with open(logs / f"{name}.log", "w") as log:
-            processes.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                              start_new_session=True))
-        return processes[-1]
-
-    def flwr_run(overrides: str, run_dir: Path) -> subprocess.CompletedProcess:
-        return subprocess.run(
-            [_tool("flwr"), "run", str(REPO), "deployment", "--stream", "--run-config",
-             f"overrides='{overrides}' run-dir='{run_dir}'"],
-            env=env, capture_output=True, text=True, timeout=900)
-
+    """A SuperLink and one SuperNode per node config; yields the Deployment. Every process it
+    started is stopped."""
     with tempfile.TemporaryDirectory() as flwr_home:
-        port = free_port()
-        (Path(flwr_home) / "config.toml").write_text(
-            f'[superlink.deployment]\naddress = "127.0.0.1:{port}"\ninsecure = true\n')
-        env = flwr_env(flwr_home)
+        cluster = Deployment(node_configs, logs, flwr_home)
         try:
-            superlink = start([_tool("flower-superlink"), "--insecure", "--host", "127.0.0.1",
-                               "--port", str(port), "--disable-runtime-dependency-installation"],
-                              "superlink")
-            _wait_healthy(port, superlink, logs / "superlink.log")
-            for i, node_config in enumerate(node_configs):
-                start([_tool("flower-supernode"), "--insecure", "--superlink",
-                       f"127.0.0.1:{port}", "--port", str(free_port()), "--node-config",
-                       node_config], f"supernode{i}")
-            yield flwr_run
+            cluster.start_superlink()
+            for i in range(len(node_configs)):
+                cluster.start_node(i)
+            yield cluster
         finally:
-            for process in reversed(processes):
+            for process in reversed(cluster.processes):
                 stop(process)
-            assert all(p.poll() is not None for p in processes)  # nothing left running
+            assert all(p.poll() is not None for p in cluster.processes)  # nothing left running
 
 
 def test_superlink_and_two_supernodes_train_two_rounds_of_fedcsd(tmp_path, fmnist_available):
@@ -147,3 +175,42 @@ def test_scaffold_and_moon_carry_client_state_between_rounds_through_real_supern
     assert rows["scaffold"][2]["bytes_sent"] > 1.9 * rows["moon"][2]["bytes_sent"]
     # MOON: round 1 falls back to the global model, round 2 uses the stored previous model
     assert [r["moon_previous_model"] for r in rows["moon"][1:]] == [0, 1]
+
+
+def test_a_node_killed_in_round_two_is_counted_lost_and_rejoins_when_restarted(
+        tmp_path, fmnist_available):
+    """Three SuperNodes; one SIGKILLed in round 2 and started again. Round 2 finishes with the
+    others (Flower turns the dead node's message into an error reply after missed heartbeats),
+    metrics name the lost partition, and the restarted node, under a new node id, is surveyed
+    and trains again under its partition."""
+    nodes = [f"dataset='fmnist' partition-id={i} num-partitions=3" for i in range(3)]
+    run_dir = tmp_path / "run"
+    output = tmp_path / "flwr-run.log"
+    with deployment(nodes, tmp_path) as cluster, open(output, "w") as sink:
+        run = subprocess.Popen(
+            cluster.command("model=mlp dataset.subset=3000 dataset.test_subset=1000 "
+                            "num_clients=3 rounds=4 node_wait=120 rejoin_wait=180", run_dir),
+            env=cluster.env, stdout=sink, stderr=subprocess.STDOUT, text=True)
+        node_log = tmp_path / "supernode2.log"
+        killed = restarted = False
+        try:
+            while run.poll() is None:
+                # its messages: the data survey, round 1's training, round 2's training
+                if not killed and node_log.read_text().count("Received successfully") == 3:
+                    cluster.kill(2)
+                    killed = True
+                if killed and not restarted and "round   2/4" in output.read_text():
+                    cluster.start_node(2)
+                    restarted = True
+                time.sleep(0.2)
+        finally:
+            run.kill()
+    out = output.read_text()
+    assert killed and restarted, out[-4000:]
+    assert run.returncode == 0 and (run_dir / "summary.json").is_file(), out[-4000:]
+    rows = json.loads((run_dir / "metrics.json").read_text())["rounds"]
+    assert [r["clients"] for r in rows[1:]] == [3, 2, 3, 3], out[-4000:]
+    assert [r["lost_partitions"] for r in rows[1:]] == ["", "2", "", ""]
+    assert all(r["rejected"] == 0 and r["model_updated"] == 1 for r in rows[1:])
+    assert rows[-1]["test_accuracy"] > rows[0]["test_accuracy"] + 0.3, rows
+    assert "lost: partition(s) 2" in out and "partition 2 rejoined as node" in out

@@ -79,6 +79,10 @@ class ExperimentConfig(Settings):
     # the global model's norm (at least 1); a larger one is refused as corrupt or hostile
     max_update_ratio: float = Field(10.0, gt=0)
     node_wait: float = Field(600.0, gt=0)
+    # deployment: a round goes on while at least min_clients are connected, after waiting up to
+    # rejoin_wait seconds (once per loss) for a lost client to come back
+    min_clients: int = Field(1, ge=1)
+    rejoin_wait: float = Field(60.0, ge=0)
     simulation: SimulationSettings = SimulationSettings()
     tracker: Literal["none", "tensorboard"] = "none"  # also stream per-round metrics there
     label: str

@@ -29,6 +29,7 @@ from driftfl.strategies.base import wait_for_nodes
 from . import console
 from .experiment import Experiment, prepare_experiment
 from .results import RunRecorder
+from .roster import Roster
 from .simulated import AssigningGrid, assign_partitions
 from .survey import survey_clients
 from .traffic import MeteredGrid
@@ -74,6 +75,10 @@ def run_experiment(grid: Grid, experiment: Experiment, run_dir: Path, run_id: in
         metered = MeteredGrid(grid)
         clients = survey_clients(metered, experiment_record, cfg.num_clients, cfg.node_wait,
                                  cfg.round_timeout)
+        strategy.roster = Roster(metered, experiment_record, clients,
+                                 num_partitions=cfg.num_clients, min_clients=cfg.min_clients,
+                                 rejoin_wait=cfg.rejoin_wait, timeout=cfg.round_timeout,
+                                 on_change=strategy.meet).nodes
     strategy.meet(clients)
     title = (f"{cfg.strategy.name} on {cfg.dataset.name}, {describe(cfg.partition)}, "
              f"{len(clients)} clients, {cfg.model.name}")
@@ -160,6 +165,7 @@ class RoundEvaluator:
                                               and not report.refused_aggregate)),
                     "rejected": len(report.rejected) if report else 0,
                     "rejected_partitions": " ".join(report.rejected_partitions) if report else "",
+                    "lost_partitions": " ".join(report.lost) if report else "",
                     "bytes_sent": sent, "bytes_received": received,
                     "per_class_accuracy": per_class})
         self.recorder.add_round(row)

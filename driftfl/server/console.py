@@ -62,6 +62,8 @@ def round_line(row: dict, rounds: int) -> str:
                  f"{_size(row['bytes_received'])} in")
         if row.get("rejected"):
             text += f", {row['rejected']} rejected (partitions {row['rejected_partitions']})"
+        if row.get("lost_partitions"):
+            text += f", lost: partition(s) {row['lost_partitions']}"
         if not row["model_updated"]:
             text += "  |  no usable reply: the global model stays"
     return text

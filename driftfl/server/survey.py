@@ -31,23 +31,41 @@ def survey_clients(grid: Grid, experiment_record: ConfigRecord, expected: int,
     nodes = wait_for_nodes(grid, expected, timeout=node_wait)
     replies, started = [], time.monotonic()
     for first in range(0, len(nodes), BATCH):
-        query = [Message(RecordDict({CONFIG: experiment_record}), dst_node_id=node,
-                         message_type=f"{MessageType.QUERY}.{DATA_SUMMARY}")
-                 for node in nodes[first:first + BATCH]]
-        answers = grid.send_and_receive(query, timeout=timeout)
+        batch = nodes[first:first + BATCH]
+        answers = ask_summaries(grid, experiment_record, batch, timeout)
         failures = [r.error.reason for r in answers if r.has_error()]
-        if failures or len(answers) < len(query):
-            reason = failures[0] if failures else f"only {len(answers)} of {len(query)} answered"
+        if failures or len(answers) < len(batch):
+            reason = failures[0] if failures else f"only {len(answers)} of {len(batch)} answered"
             raise ConfigError(f"a client cannot read its data: {reason}")
         replies += answers
         if len(nodes) > BATCH:
             print(f"data survey: {len(replies)} of {len(nodes)} nodes answered "
                   f"({time.monotonic() - started:.0f} s)", flush=True)
+    clients = admit(replies, experiment_record, expected, claimed={})
+    if not clients:
+        raise ConfigError("no node gave a usable data summary; see the warnings above")
+    return clients
+
+
+def ask_summaries(grid: Grid, experiment_record: ConfigRecord, nodes: list[int],
+                  timeout: float) -> list[Message]:
+    """The nodes' replies to the data-summary query (error replies included)."""
+    query = [Message(RecordDict({CONFIG: experiment_record}), dst_node_id=node,
+                     message_type=f"{MessageType.QUERY}.{DATA_SUMMARY}") for node in nodes]
+    return list(grid.send_and_receive(query, timeout=timeout))
+
+
+def admit(replies: list[Message], experiment_record: ConfigRecord, expected: int,
+          claimed: dict[int, int]) -> list[dict]:
+    """The clients whose summaries can be used, by partition. ``claimed`` (partition id ->
+    node id, updated here) holds the partitions already taken: in arrival order, the first
+    to claim a partition keeps it."""
     num_classes = len(DatasetMeta.from_json(str(experiment_record[DATASET_META])).classes)
-    clients, claimed = [], {}
-    for reply in replies:  # in arrival order: the first to claim a partition keeps it
+    clients = []
+    for reply in replies:
         node = reply.metadata.src_node_id
-        summary = check_summary(reply, num_classes, expected)
+        summary = (f"error reply: {reply.error.reason}" if reply.has_error()
+                   else check_summary(reply, num_classes, expected))
         if isinstance(summary, dict) and summary["partition_id"] in claimed:
             summary = (f"claims partition {summary['partition_id']}, which node "
                        f"{claimed[summary['partition_id']]} holds")
@@ -57,8 +75,6 @@ def survey_clients(grid: Grid, experiment_record: ConfigRecord, expected: int,
         if summary["partition_id"] != OWN_DATA:
             claimed[summary["partition_id"]] = node
         clients.append({"node_id": node, **summary})
-    if not clients:
-        raise ConfigError("no node gave a usable data summary; see the warnings above")
     return sorted(clients, key=lambda c: (c["partition_id"], c["node_id"]))
 
 

@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import logging
 import math
+import random
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from logging import INFO, WARNING
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -61,6 +62,7 @@ class RoundReport:
     clients: int = 0
     rejected: list[str] = field(default_factory=list)  # "partition 3 (node 81...): reason"
     rejected_partitions: list[str] = field(default_factory=list)  # as client_name gives them
+    lost: list[str] = field(default_factory=list)  # sent a message, sent nothing back (client_name)
     refused_aggregate: str = ""  # why the aggregate did not replace the global model
     train_metrics: dict[str, float] = field(default_factory=dict)
     evaluate_metrics: dict[str, float] = field(default_factory=dict)
@@ -94,6 +96,10 @@ class DriftStrategy(FedAvg):
         self.global_arrays: dict[str, np.ndarray] = {}  # the model sent this round
         self.last_aggregate: dict[str, np.ndarray] = {}  # what the aggregation made of it
         self.last_updates: list[ClientUpdate] = []  # the replies that passed the checks
+        self.trained: list[int] = []  # the nodes sent this round's train message
+        # deployment: the connected clients' nodes for a round (Roster.nodes); None: wait for
+        # min_available_nodes, as in simulation, where nodes are never lost
+        self.roster: Callable[[int], list[int]] | None = None
 
     @classmethod
     def from_config(cls, cfg: ExperimentConfig, model: nn.Module,
@@ -134,10 +140,15 @@ class DriftStrategy(FedAvg):
     def sample(self, server_round: int, grid: Grid) -> list[int]:
         """floor(fraction * nodes) clients (at least min_train_nodes), chosen by the selection
         among the surveyed nodes (a node the survey refused never trains)."""
-        nodes = sorted(filter(self.usable, wait_for_nodes(grid, self.min_available_nodes)),
-                       key=self.rank)
+        nodes = self.available(server_round, grid)
         return self.selection.select(server_round, nodes, self.train_count(len(nodes)),
                                      self.explored_clients())
+
+    def available(self, server_round: int, grid: Grid) -> list[int]:
+        """The surveyed nodes connected now, in rank order."""
+        nodes = (self.roster(server_round) if self.roster
+                 else wait_for_nodes(grid, self.min_available_nodes))
+        return sorted(filter(self.usable, nodes), key=self.rank)
 
     def train_count(self, available: int) -> int:
         count = max(self.min_train_nodes, math.floor(available * self.fraction_train + 1e-9))
@@ -199,6 +210,7 @@ class DriftStrategy(FedAvg):
         shared = {ARRAYS: arrays, CONFIG: config, **self.knowledge(server_round)}
         content = RecordDict(shared)
         log(INFO, "configure_train: %d of the nodes train in round %d", len(nodes), server_round)
+        self.trained = list(nodes)
         messages = []
         for node in nodes:
             own = self.node_knowledge(server_round, node)
@@ -212,7 +224,16 @@ class DriftStrategy(FedAvg):
         rest are logged and counted, never used."""
         updates, report = [], RoundReport()
         bound = norm_bound(self.global_arrays, self.max_update_ratio)  # once for the round
+        replies = list(replies)
+        # a node lost mid-round: no reply, or an error reply that the SuperLink sends in its name
+        answered = {msg.metadata.src_node_id for msg in replies}
+        report.lost = [self.client_name(n) for n in self.trained if n not in answered]
+        for node in (n for n in self.trained if n not in answered):
+            log(WARNING, "round reply from %s lost: the node sent nothing back (gone, or over "
+                "round_timeout)", self.describe(node))
         for msg in self.in_node_order(replies):
+            if self.trained and msg.metadata.src_node_id not in self.trained:
+                continue  # the SuperLink's error reply for a lost node, counted above
             checked = check_reply(msg, self.global_arrays, bound)
             if not isinstance(checked, str):
                 checked = self.reject(checked) or checked
@@ -282,9 +303,15 @@ class DriftStrategy(FedAvg):
 
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                            grid: Grid) -> Iterable[Message]:
-        """Flower's sampling for federated evaluation, among the surveyed nodes only."""
-        messages = super().configure_evaluate(server_round, arrays, config, grid)
-        return [m for m in messages if self.usable(m.metadata.dst_node_id)]
+        """Flower's sampling for federated evaluation, among the surveyed nodes connected."""
+        if self.fraction_evaluate == 0.0:
+            return []
+        nodes = self.available(server_round, grid)
+        count = max(int(len(nodes) * self.fraction_evaluate), self.min_evaluate_nodes)
+        config["server-round"] = server_round
+        return self._construct_messages(
+            RecordDict({self.arrayrecord_key: arrays, self.configrecord_key: config}),
+            random.sample(nodes, min(count, len(nodes))), MessageType.EVALUATE)
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]
                            ) -> MetricRecord | None:

@@ -39,7 +39,7 @@ from driftfl.common.protocol import (ARRAYS, CLASSIFIER, CONDENSE, CONDENSE_SECO
 from driftfl.common.training import CrossEntropy, TrainSettings, train_locally
 
 from .aggregation import ClientUpdate, to_numpy, to_record
-from .base import DriftStrategy, StrategySettings, wait_for_nodes
+from .base import DriftStrategy, StrategySettings
 from .cka import complementary_group, keep_lowest_loss, linear_cka
 from .selection import EXPLORED_CLIENTS, ExploredClients
 
@@ -159,8 +159,7 @@ class DCFL(DriftStrategy):
             return arrays
         query_config = ConfigRecord(dict(config))
         query_config[SERVER_ROUND] = 0
-        nodes = sorted(filter(self.usable, wait_for_nodes(grid, self.min_available_nodes)),
-                       key=self.rank)
+        nodes = self.available(0, grid)
         count = min(len(nodes), max(math.floor(self.pretrain_fraction * len(nodes) + 1e-9), 1))
         head = self.head_shape()
         for request in range(1, self.pretrain_requests + 1):

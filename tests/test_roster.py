@@ -1,0 +1,95 @@
+"""Deployment's roster: a lost client is waited for once, the run goes on with the clients
+that are left (or stops with one line when fewer than min_clients remain), and a restarted
+node is surveyed and takes its partition back. Lost replies are counted by partition."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from flwr.app import ConfigRecord
+
+from driftfl.common.errors import ConfigError
+from driftfl.common.protocol import DATASET_META
+from driftfl.server.roster import Roster
+from driftfl.strategies import FedAvg
+from test_reply_checks import GLOBAL, META, ScriptedGrid, summary_reply, surveyed, train_reply
+
+CLIENTS = [{"node_id": 10 + p, "partition_id": p, "num_examples": 5,
+            "label_histogram": [2, 3, 0]} for p in range(3)]
+
+
+class ChangingGrid(ScriptedGrid):
+    """Nodes that come and go: ``connected`` is what Flower lists as online now."""
+
+    def __init__(self, connected, replies=()):
+        super().__init__(list(replies))
+        self.connected = list(connected)
+        self.asked = []
+
+    def get_node_ids(self):
+        return self.connected
+
+    def send_and_receive(self, messages, timeout=None):
+        asked = [m.metadata.dst_node_id for m in messages]
+        self.asked += asked
+        return [r for r in self.replies if r.metadata.src_node_id in asked]
+
+
+@pytest.fixture(autouse=True)
+def _task(server_task):  # the roster's survey creates messages
+    yield
+
+
+def roster(grid, min_clients=1, rejoin_wait=0.0):
+    met = []
+    made = Roster(grid, ConfigRecord({DATASET_META: META}), CLIENTS, num_partitions=3,
+                  min_clients=min_clients, rejoin_wait=rejoin_wait, timeout=5,
+                  on_change=met.append, poll=0.01)
+    return made, met
+
+
+def test_the_run_goes_on_with_the_clients_left_after_waiting_once(capsys):
+    grid = ChangingGrid([10, 11])
+    clients, met = roster(grid, rejoin_wait=0.2)
+    assert clients.nodes(3) == [10, 11]
+    out = capsys.readouterr().out
+    assert "round 3: partition 2 did not come back within rejoin_wait=0.2 s" in out
+    assert "round 3: going on with 2 of 3 clients; partition 2 missing" in out
+    assert clients.nodes(4) == [10, 11]  # no second wait, no repeated line
+    assert capsys.readouterr().out == "" and met == [] and grid.asked == []
+
+
+def test_too_few_clients_left_stop_the_run_with_one_line():
+    clients, _ = roster(ChangingGrid([11]), min_clients=2)
+    with pytest.raises(ConfigError, match=r"round 5: only 1 of 3 clients are connected "
+                                          r"\(partition 0, partition 2 lost\), fewer than "
+                                          r"min_clients=2; restart their SuperNodes"):
+        clients.nodes(5)
+
+
+def test_a_restarted_node_is_surveyed_and_takes_its_partition_back(capsys):
+    grid = ChangingGrid([10, 11, 99], [summary_reply(99, 2, 5, [1, 1, 3])])
+    clients, met = roster(grid)
+    assert clients.nodes(3) == [10, 11, 99]
+    assert grid.asked == [99] and "partition 2 rejoined as node 99" in capsys.readouterr().out
+    assert [(c["partition_id"], c["node_id"]) for c in met[-1]] == [(0, 10), (1, 11), (2, 99)]
+    clients.nodes(4)
+    assert grid.asked == [99]  # a node is surveyed once
+
+
+def test_a_newcomer_cannot_take_a_partition_a_connected_node_holds():
+    grid = ChangingGrid([10, 11, 12, 99], [summary_reply(99, 1, 5, [1, 1, 3])])
+    clients, met = roster(grid)
+    assert clients.nodes(2) == [10, 11, 12] and met == []
+    assert clients.nodes(3) == [10, 11, 12] and grid.asked == [99]  # refused once, not again
+
+
+def test_a_node_that_sent_nothing_back_is_lost_not_rejected_and_not_used():
+    strategy = surveyed(FedAvg(), CLIENTS)
+    strategy.trained = [10, 11, 12]
+    superlink_error = train_reply(0, [0.0, 0.0], 1)  # Flower's error reply comes from node 0
+    updates = strategy.accept([train_reply(10, [2.0, 2.0], 5), train_reply(11, [1.0, 3.0], 5),
+                               superlink_error])
+    assert [u.node_id for u in updates] == [10, 11]
+    assert strategy.report.lost == ["2"] and strategy.report.rejected == []
+    assert np.array_equal(strategy.global_arrays["w"], GLOBAL["w"])
