@@ -26,15 +26,20 @@ commands:
   run -m [overrides]  sweep (Hydra multirun), e.g. driftfl run -m strategy=fedavg,fedprox seed=0,1,2
   run --help          every setting and config group (Hydra's help)
   run --cfg job       print the composed config without running it
+  run [overrides] resume=DIR
+                      go on with a stopped run from its last complete round (the same
+                      overrides it ran with)
   report DIR...       mean ± std tables and accuracy plots over many runs, e.g.
                       driftfl report multirun/2026-11-22/10-00-00 --target fedavg
 """
 
 
-def _run_job(cfg, hydra_subdir: str | None = None, keep: Path | None = None) -> None:
+def _run_job(cfg, hydra_subdir: str | None = None, keep: Path | None = None,
+             resume: bool = False) -> None:
     """One Hydra job: check the experiment, then launch it in simulation. Hydra's own files
     go to ``hydra_subdir`` (.hydra) only once the run is accepted, and a refused run removes
-    the empty folders Hydra made for it below ``keep``."""
+    the empty folders Hydra made for it below ``keep``. ``resume``: the run directory holds a
+    stopped run of this experiment, to go on with."""
     from hydra.core.hydra_config import HydraConfig
 
     from driftfl.common.config import experiment_only
@@ -50,13 +55,17 @@ def _run_job(cfg, hydra_subdir: str | None = None, keep: Path | None = None) -> 
             raise ConfigError("device=cuda needs a GPU share per simulated client, e.g. "
                               "simulation.client_gpus=0.5 (two clients per GPU at a time)")
         check_launch(overrides, run_dir, experiment.cfg.simulation.ray_address)
+        if resume:
+            from driftfl.server import checkpoint
+
+            checkpoint.load(run_dir, experiment.cfg)
     except ConfigError as err:
         _remove_empty(run_dir, keep)
         print(f"driftfl: error: {err}", file=sys.stderr)
         raise SystemExit(2) from None
     if hydra_subdir is not None:
         _save_hydra_files(cfg, run_dir, hydra_subdir)
-    code = launch_simulation(experiment.cfg, overrides, run_dir)
+    code = launch_simulation(experiment.cfg, overrides, run_dir, resume)
     if code:
         raise SystemExit(code)
 
@@ -169,15 +178,32 @@ def _hydra_settings(args: list[str]) -> DictConfig | None:
     return hydra_cfg
 
 
+def resumed(args: list[str]) -> tuple[list[str], bool]:
+    """``resume=DIR`` becomes ``hydra.run.dir=DIR`` (the run goes on in its own directory);
+    whether it was there."""
+    chosen = [a for a in args if a.startswith("resume=")]
+    if not chosen:
+        return args, False
+    folder = Path(chosen[-1].split("=", 1)[1]).expanduser().absolute()
+    if {"-m", "--multirun"} & set(args):
+        raise ConfigError("resume= goes on with one run; drop -m")
+    if any(a.startswith("hydra.run.dir=") for a in args):
+        raise ConfigError("resume=DIR runs in DIR; drop hydra.run.dir")
+    if not folder.is_dir():
+        raise ConfigError(f"resume={folder}: no such run directory")
+    return [a for a in args if a not in chosen] + [f"hydra.run.dir={folder}"], True
+
+
 def checked_job(args: list[str]) -> tuple[list[str], Callable]:
     """Hydra's arguments and the job to give it, once the experiment and the directory it
     writes are checked; ConfigError names the first problem."""
+    args, resume = resumed(args)
     problem = refusal(args)
     if problem:
         raise ConfigError(problem)
     hydra_cfg = _hydra_settings(args)
     if hydra_cfg is None:
-        return args, _run_job
+        return args, lambda cfg: _run_job(cfg, resume=resume)
     key, folder = output_dir(hydra_cfg, args)
     if reason := cannot_write(folder):
         raise ConfigError(f"cannot write the {key.split('.')[1]} directory {folder}: {reason}; "
@@ -187,7 +213,7 @@ def checked_job(args: list[str]) -> tuple[list[str], Callable]:
     last = max((i for i, a in enumerate(args) if "=" in a and not a.startswith("-")),
                default=len(args) - 1)
     return ([*args[:last + 1], NO_HYDRA_FILES, *args[last + 1:]],
-            lambda cfg: _run_job(cfg, subdir, keep))
+            lambda cfg: _run_job(cfg, subdir, keep, resume))
 
 
 def run(args: list[str]) -> None:

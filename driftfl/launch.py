@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import signal
 import socket
@@ -102,11 +103,11 @@ def flwr_env(flwr_home: str, ray_address: str | None = None) -> dict[str, str]:
                                                       "ignore:Tip:FutureWarning"]))}
 
 
-def run_config_arg(overrides: list[str], run_dir: Path) -> str:
+def run_config_arg(overrides: list[str], run_dir: Path, resume: bool = False) -> str:
     encoded = json.dumps(overrides)
     if "'" in encoded or "'" in str(run_dir):
         raise ConfigError("overrides and output paths cannot contain single quotes (')")
-    return f"overrides='{encoded}' run-dir='{run_dir}'"
+    return f"overrides='{encoded}' run-dir='{run_dir}'" + (" resume=true" if resume else "")
 
 
 def check_launch(overrides: list[str], run_dir: Path, ray_address: str | None = None) -> None:
@@ -129,9 +130,11 @@ def _exit_on_sigterm(signum, frame):
     raise SystemExit(128 + signum)  # unwinds through `finally`, which stops the SuperLink
 
 
-def launch_simulation(cfg: ExperimentConfig, overrides: list[str], run_dir: Path) -> int:
-    """Run the experiment; 0 when it completed and wrote its results to ``run_dir``.
-    Ctrl-C or a SIGTERM stops the SuperLink (and the Ray workers under it) too."""
+def launch_simulation(cfg: ExperimentConfig, overrides: list[str], run_dir: Path,
+                      resume: bool = False) -> int:
+    """Run the experiment (``resume``: go on with the stopped run in ``run_dir``); 0 when it
+    completed and wrote its results to ``run_dir``. Ctrl-C or a SIGTERM stops the SuperLink
+    (and the Ray workers under it) too, and says how to resume."""
     check_launch(overrides, run_dir, cfg.simulation.ray_address)
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -142,7 +145,7 @@ def launch_simulation(cfg: ExperimentConfig, overrides: list[str], run_dir: Path
             f'[superlink]\ndefault = "{CONNECTION}"\n\n[superlink.{CONNECTION}]\n'
             f'address = "127.0.0.1:{port}"\ninsecure = true\n')
         env = flwr_env(flwr_home, cfg.simulation.ray_address)
-        with open(log_path, "w") as log:
+        with open(log_path, "a" if resume else "w") as log:
             superlink = subprocess.Popen(
                 [_tool("flower-superlink"), "--insecure", "--simulation",
                  "--disable-runtime-dependency-installation", "--host", "127.0.0.1",
@@ -155,14 +158,29 @@ def launch_simulation(cfg: ExperimentConfig, overrides: list[str], run_dir: Path
                           f"client_resources_num_cpus={cfg.simulation.client_cpus} "
                           f"client_resources_num_gpus={cfg.simulation.client_gpus}")
             subprocess.run([_tool("flwr"), "run", str(APP_DIR), CONNECTION,
-                            "--run-config", run_config_arg(overrides, run_dir),
+                            "--run-config", run_config_arg(overrides, run_dir, resume),
                             "--federation-config", federation, "--stream"],
                            env=env, cwd=APP_DIR, check=False)
+        except (SystemExit, KeyboardInterrupt):
+            stop(superlink)
+            print(f"driftfl: stopped.{resume_hint(run_dir, overrides)}", file=sys.stderr)
+            raise
         finally:
             stop(superlink)
     summary = run_dir / "summary.json"
     if summary.is_file() and json.loads(summary.read_text()).get("status") == "completed":
         return 0
-    print(f"driftfl: the run did not complete; see the log above and {log_path}",
-          file=sys.stderr)
+    print(f"driftfl: the run did not complete; see the log above and {log_path}."
+          f"{resume_hint(run_dir, overrides)}", file=sys.stderr)
     return 1
+
+
+def resume_hint(run_dir: Path, overrides: list[str]) -> str:
+    """How to go on with a stopped run, once it has a checkpoint ("" before its first round)."""
+    from driftfl.server.checkpoint import CHECKPOINT
+
+    if not (run_dir / CHECKPOINT).is_file():
+        return ""
+    again = " ".join(shlex.quote(o) for o in overrides if not o.startswith("hydra.run.dir="))
+    return (f"\ndriftfl: its rounds so far are saved; go on with: driftfl run {again} "
+            f"resume={shlex.quote(str(run_dir))}").replace("  ", " ")

@@ -4,8 +4,10 @@ sweep) and plain `flwr run` over the same conf/ tree."""
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -73,19 +75,44 @@ def test_driftfl_run_trains_and_writes_the_run_directory(tmp_path, fmnist_availa
     model.load_state_dict(torch.load(run_dir / "model.pt"))  # the final model loads back
 
 
-def test_the_same_seed_trains_the_same_model(tmp_path, fmnist_available):
-    """Clients finish in any order; the server averages in node order, so reruns agree."""
-    models = []
-    for attempt in ("first", "second"):
-        run_dir = tmp_path / attempt
-        out = subprocess.run([driftfl_bin(), "run", "strategy=fedcsd", *QUICK, "seed=5",
-                              f"hydra.run.dir={run_dir}"],
-                             cwd=tmp_path, capture_output=True, text=True, timeout=600)
-        assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-        models.append((run_dir / "model.pt").read_bytes())
-        rows = read_rounds(run_dir)
-    assert models[0] == models[1]
-    assert rows[-1]["test_accuracy"] > rows[0]["test_accuracy"]
+def test_the_same_seed_trains_the_same_model_also_when_stopped_and_resumed(tmp_path,
+                                                                          fmnist_available):
+    """Clients finish in any order; the server averages in node order, so reruns agree. A run
+    stopped by SIGTERM after a round and resumed ends with the same bytes and rows."""
+    args = [driftfl_bin(), "run", "strategy=fedcsd", *QUICK, "rounds=3", "seed=5"]
+    whole, stopped = tmp_path / "whole", tmp_path / "stopped"
+    out = subprocess.run([*args, f"hydra.run.dir={whole}"], cwd=tmp_path, capture_output=True,
+                         text=True, timeout=600)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+
+    with open(tmp_path / "stopped.out", "w") as sink, open(tmp_path / "stopped.err", "w") as err:
+        run = subprocess.Popen([*args, f"hydra.run.dir={stopped}"], cwd=tmp_path, stdout=sink,
+                               stderr=err, text=True)
+        deadline = time.monotonic() + 600
+        while not (stopped / "checkpoint.pt").exists():  # a round is done
+            assert run.poll() is None and time.monotonic() < deadline
+            time.sleep(0.2)
+        run.send_signal(signal.SIGTERM)
+        run.wait(timeout=120)
+    said = (tmp_path / "stopped.err").read_text()
+    assert run.returncode != 0 and not (stopped / "summary.json").exists(), said[-3000:]
+    assert f"go on with: driftfl run {' '.join(args[2:])} resume={stopped}" in said, said[-3000:]
+
+    out = subprocess.run([*args, f"resume={stopped}"], cwd=tmp_path, capture_output=True,
+                         text=True, timeout=600)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert f"driftfl: resuming {stopped} after round" in out.stdout
+    assert (whole / "model.pt").read_bytes() == (stopped / "model.pt").read_bytes()
+    timing = ("seconds", "train_seconds", "eval_seconds")
+    assert ([{k: v for k, v in r.items() if k not in timing} for r in read_rounds(whole)]
+            == [{k: v for k, v in r.items() if k not in timing} for r in read_rounds(stopped)])
+    assert read_rounds(whole)[-1]["test_accuracy"] > read_rounds(whole)[0]["test_accuracy"]
+
+    # the same experiment only: another setting is refused before anything is written
+    out = subprocess.run([*args, "lr=0.01", f"resume={stopped}"], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 2 and out.stderr.strip().endswith(
+        "lr (0.05 there, 0.01 here); resume with the overrides it ran with (its config.yaml)")
 
 
 @pytest.mark.timeout(1800)  # every method in one sweep: past 15 min on a loaded 2-core machine

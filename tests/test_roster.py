@@ -44,7 +44,7 @@ def roster(grid, min_clients=1, rejoin_wait=0.0):
     met = []
     made = Roster(grid, ConfigRecord({DATASET_META: META}), CLIENTS, num_partitions=3,
                   min_clients=min_clients, rejoin_wait=rejoin_wait, timeout=5,
-                  on_change=met.append, poll=0.01)
+                  on_change=lambda clients, moved: met.append((clients, moved)), poll=0.01)
     return made, met
 
 
@@ -72,7 +72,9 @@ def test_a_restarted_node_is_surveyed_and_takes_its_partition_back(capsys):
     clients, met = roster(grid)
     assert clients.nodes(3) == [10, 11, 99]
     assert grid.asked == [99] and "partition 2 rejoined as node 99" in capsys.readouterr().out
-    assert [(c["partition_id"], c["node_id"]) for c in met[-1]] == [(0, 10), (1, 11), (2, 99)]
+    clients_now, moved = met[-1]
+    assert [(c["partition_id"], c["node_id"]) for c in clients_now] == [(0, 10), (1, 11), (2, 99)]
+    assert moved == {12: 99}  # state kept by node id follows the partition
     clients.nodes(4)
     assert grid.asked == [99]  # a node is surveyed once
 

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from flwr.app import ConfigRecord, Context, MetricRecord
+from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord
 from flwr.serverapp import Grid, ServerApp
 from flwr.superlink.grid import InMemoryGrid
 
@@ -24,12 +24,14 @@ from driftfl.common.protocol import (DATASET_META, EXPERIMENT, load_arrays, load
                                      model_to_arrays)
 from driftfl.methods import build_strategy
 from driftfl.strategies import DriftStrategy
+from driftfl.strategies.aggregation import to_numpy, to_record
 from driftfl.strategies.base import wait_for_nodes
 
-from . import console
+from . import checkpoint, console
 from .experiment import Experiment, prepare_experiment
 from .results import RunRecorder
 from .roster import Roster
+from .rounds import run_rounds
 from .simulated import AssigningGrid, assign_partitions
 from .survey import survey_clients
 from .traffic import MeteredGrid
@@ -48,20 +50,24 @@ def main(grid: Grid, context: Context) -> None:
     try:
         cfg = compose(parse_overrides(str(context.run_config.get("overrides", ""))))
         experiment = prepare_experiment(cfg)
-        run_experiment(grid, experiment, Path(str(run_dir)), context.run_id)
+        run_experiment(grid, experiment, Path(str(run_dir)), context.run_id,
+                       resume=bool(context.run_config.get("resume", False)))
     except ConfigError as err:
         print(f"driftfl: error: {err}", flush=True)
         # An Exception, not SystemExit: Flower then flushes the logs and marks the run failed.
         raise ExperimentRefused(str(err)) from None
 
 
-def run_experiment(grid: Grid, experiment: Experiment, run_dir: Path, run_id: int) -> dict:
+def run_experiment(grid: Grid, experiment: Experiment, run_dir: Path, run_id: int,
+                   resume: bool = False) -> dict:
+    """The whole run; ``resume``: go on from the checkpoint in ``run_dir``."""
     cfg = experiment.cfg
     if not cfg.verbose:
         logging.getLogger("flwr").setLevel(logging.WARNING)
     random.seed(cfg.seed)
     np.random.seed(cfg.seed)
-    recorder = RunRecorder(run_dir, cfg, run_id)
+    saved = checkpoint.load(run_dir, cfg) if resume else None
+    recorder = RunRecorder(run_dir, cfg, run_id, saved)
     model = experiment.initial_model()
     strategy = build_strategy(cfg, model, experiment.aux_set(model))
     # what every message to a client carries: the experiment and how to read its data
@@ -75,11 +81,14 @@ def run_experiment(grid: Grid, experiment: Experiment, run_dir: Path, run_id: in
         metered = MeteredGrid(grid)
         clients = survey_clients(metered, experiment_record, cfg.num_clients, cfg.node_wait,
                                  cfg.round_timeout)
+    if saved:
+        checkpoint.restore(strategy, saved, clients)
+    strategy.meet(clients)
+    if not isinstance(grid, InMemoryGrid):
         strategy.roster = Roster(metered, experiment_record, clients,
                                  num_partitions=cfg.num_clients, min_clients=cfg.min_clients,
                                  rejoin_wait=cfg.rejoin_wait, timeout=cfg.round_timeout,
-                                 on_change=strategy.meet).nodes
-    strategy.meet(clients)
+                                 on_change=strategy.rejoin).nodes
     title = (f"{cfg.strategy.name} on {cfg.dataset.name}, {describe(cfg.partition)}, "
              f"{len(clients)} clients, {cfg.model.name}")
     print(console.partition_table(clients, list(experiment.data.classes), title), flush=True)
@@ -94,12 +103,24 @@ def run_experiment(grid: Grid, experiment: Experiment, run_dir: Path, run_id: in
                                     ).tolist()}})
 
     evaluator = RoundEvaluator(experiment, copy.deepcopy(model), strategy, metered, recorder)
-    result = strategy.start(grid=metered, initial_arrays=model_to_arrays(model),
-                            num_rounds=cfg.rounds, timeout=cfg.round_timeout,
-                            train_config=experiment_record,
-                            evaluate_config=ConfigRecord(dict(experiment_record)),
-                            evaluate_fn=evaluator)
-    load_arrays(model, result.arrays if len(result.arrays) else model_to_arrays(model))
+    arrays = model_to_arrays(model)
+    if saved:
+        arrays = to_record(saved["arrays"])
+        checkpoint.restore_random(saved)
+        metered.take()  # the data survey again: round 0's row counted it once already
+        print(f"driftfl: resuming {run_dir} after round {saved['round']} of {cfg.rounds}",
+              flush=True)
+
+    def after_round(server_round: int, arrays: ArrayRecord) -> None:
+        checkpoint.save(run_dir, server_round, to_numpy(arrays), strategy, recorder.rows,
+                        recorder.arrays, recorder.seconds(), cfg)
+
+    arrays = run_rounds(strategy, metered, arrays, first_round=saved["round"] + 1 if saved else 1,
+                        num_rounds=cfg.rounds, timeout=cfg.round_timeout,
+                        train_config=experiment_record,
+                        evaluate_config=ConfigRecord(dict(experiment_record)),
+                        evaluate_fn=evaluator, after_round=after_round)
+    load_arrays(model, arrays)
     rows = recorder.rows
     best = max(rows, key=lambda r: r["test_accuracy"])
     trained = [r for r in rows if r["model_updated"]]
@@ -107,7 +128,7 @@ def run_experiment(grid: Grid, experiment: Experiment, run_dir: Path, run_id: in
                "rounds_without_usable_reply": len(rows) - 1 - len(trained),
                "final_accuracy": rows[-1]["test_accuracy"], "final_loss": rows[-1]["test_loss"],
                "best_accuracy": best["test_accuracy"], "best_round": best["round"],
-               "seconds": time.time() - recorder.started,
+               "seconds": recorder.seconds(),
                "bytes_sent": sum(r["bytes_sent"] for r in rows),
                "bytes_received": sum(r["bytes_received"] for r in rows)}
     if not trained:

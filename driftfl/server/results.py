@@ -76,19 +76,31 @@ def _json_safe(value):
 class RunRecorder:
     """Writes one run's directory; metrics are rewritten every round so a crash keeps them."""
 
-    def __init__(self, run_dir: Path, cfg: ExperimentConfig, run_id: int | None = None):
+    def __init__(self, run_dir: Path, cfg: ExperimentConfig, run_id: int | None = None,
+                 resumed: dict | None = None):
+        """``resumed``: the checkpoint a resumed run goes on from (its rows and arrays)."""
         self.dir = Path(run_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
-        self.rows: list[dict] = []
-        self.arrays: dict[str, dict[str, np.ndarray]] = {}  # name -> {"round_<r>": array}
-        self.started = time.time()
+        self.rows: list[dict] = list(resumed["rows"]) if resumed else []
+        # name -> {"round_<r>": array}
+        self.arrays: dict[str, dict[str, np.ndarray]] = dict(resumed["recorded"]) if resumed else {}
+        self.started = time.time() - (resumed["seconds"] if resumed else 0.0)
         self.tracker = make_tracker(cfg.tracker, self.dir)
         (self.dir / "config.yaml").write_text(
             yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
         meta = {"versions": versions(), "git_revision": git_revision(), "flower_run_id": run_id,
                 "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "host": platform.node(),
                 "device": cfg.device, "torch_threads": torch.get_num_threads()}
+        if resumed:  # the earlier parts' provenance, then this part's
+            known = self.dir / "meta.json"
+            earlier = json.loads(known.read_text()) if known.is_file() else {}
+            meta["resumed_after_round"] = resumed["round"]
+            meta["earlier"] = [*earlier.pop("earlier", []), earlier]
         self._write_json("meta.json", meta)
+
+    def seconds(self) -> float:
+        """Wall time of the run so far (the parts before a resume included)."""
+        return time.time() - self.started
 
     def _write_json(self, name: str, payload) -> None:
         (self.dir / name).write_text(json.dumps(_json_safe(payload), indent=2) + "\n")

@@ -31,13 +31,13 @@ class Roster:
 
     def __init__(self, grid: Grid, experiment_record: ConfigRecord, clients: list[dict], *,
                  num_partitions: int, min_clients: int, rejoin_wait: float, timeout: float,
-                 on_change: Callable[[list[dict]], None], poll: float = 1.0):
+                 on_change: Callable[[list[dict], dict[int, int]], None], poll: float = 1.0):
         self.grid, self.record = grid, experiment_record
         self.clients = list(clients)  # one per partition (own-data nodes: one each)
         self.known = {c["node_id"] for c in clients}  # every node surveyed, refused ones too
         self.num_partitions, self.min_clients = num_partitions, min_clients
         self.rejoin_wait, self.timeout, self.poll = rejoin_wait, timeout, poll
-        self.on_change = on_change  # the strategy meets the clients again
+        self.on_change = on_change  # the strategy meets them again: (clients, old -> new node)
         self.waited: set[str] = set()  # missing clients already waited for once
         self.missing: list[str] = []  # as the last call found them
 
@@ -79,14 +79,16 @@ class Roster:
         joined = admit(replies, self.record, self.num_partitions, claimed=held)
         if not joined:
             return
+        moved = {}
         for client in joined:
             old = [c for c in self.clients if client["partition_id"] != OWN_DATA
                    and c["partition_id"] == client["partition_id"]]
             self.clients = [c for c in self.clients if c not in old] + [client]
+            moved.update({c["node_id"]: client["node_id"] for c in old})
             print(f"{name(client)} {'rejoined' if old else 'joined'} as node "
                   f"{client['node_id']}", flush=True)
         self.clients.sort(key=lambda c: (c["partition_id"], c["node_id"]))
-        self.on_change(self.clients)
+        self.on_change(self.clients, moved)
 
 
 def name(client: dict) -> str:

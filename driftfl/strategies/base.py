@@ -136,6 +136,15 @@ class DriftStrategy(FedAvg):
         self.surveyed = {c["node_id"]: c["num_examples"] for c in clients}
         self.aggregation.meet(clients)
 
+    def rejoin(self, clients: list[dict], moved: dict[int, int]) -> None:
+        """Clients came back under new node ids (old -> new): meet them all again."""
+        self.meet(clients)
+        self.rekey(moved)
+
+    def rekey(self, moved: dict[int, int]) -> None:
+        """State kept by node id follows its client to a new node id (old -> new): a restarted
+        SuperNode, a resumed run. FedAvg keeps none."""
+
     # -- which clients train -------------------------------------------------------------
     def sample(self, server_round: int, grid: Grid) -> list[int]:
         """floor(fraction * nodes) clients (at least min_train_nodes), chosen by the selection

@@ -128,6 +128,10 @@ class DCFL(DriftStrategy):
                 "seed": experiment.seed, "device": experiment.device}
 
     # -- what the server knows of its clients --------------------------------------------
+    def rekey(self, moved: dict[int, int]) -> None:
+        self.explored = [moved.get(n, n) for n in self.explored]
+        self.store = {moved.get(n, n): s for n, s in self.store.items()}
+
     def explored_clients(self) -> ExploredClients:
         return ExploredClients(list(self.explored), self.matrix)
 

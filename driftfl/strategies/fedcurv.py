@@ -60,6 +60,10 @@ class FedCurv(DriftStrategy):
         return {"param_keys": frozenset(k for k, p in model.named_parameters()
                                         if p.requires_grad)}
 
+    def rekey(self, moved: dict[int, int]) -> None:
+        self.fisher = {moved.get(n, n): f for n, f in self.fisher.items()}
+        self.weighted = {moved.get(n, n): g for n, g in self.weighted.items()}
+
     def reject(self, update) -> str | None:
         reason = super().reject(update)
         if reason:

@@ -1,0 +1,36 @@
+"""The round loop: Flower's ``Strategy.start`` (flwr/serverapp/strategy/strategy.py) made to
+begin at any round, so that a resumed run goes on after its checkpoint's round."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from flwr.app import ArrayRecord, ConfigRecord
+from flwr.serverapp import Grid
+
+from driftfl.strategies import DriftStrategy
+
+
+def run_rounds(strategy: DriftStrategy, grid: Grid, arrays: ArrayRecord, *, first_round: int,
+               num_rounds: int, timeout: float, train_config: ConfigRecord,
+               evaluate_config: ConfigRecord,
+               evaluate_fn: Callable[[int, ArrayRecord], object],
+               after_round: Callable[[int, ArrayRecord], None]) -> ArrayRecord:
+    """Rounds ``first_round``..``num_rounds`` as Flower runs them (train, federated
+    evaluation, central evaluation), then ``after_round``; the final global model. Round 0's
+    central evaluation comes first in a run that starts at round 1."""
+    if first_round == 1:
+        evaluate_fn(0, arrays)
+    for server_round in range(first_round, num_rounds + 1):
+        replies = grid.send_and_receive(
+            strategy.configure_train(server_round, arrays, train_config, grid), timeout=timeout)
+        aggregate, _ = strategy.aggregate_train(server_round, replies)
+        if aggregate is not None:
+            arrays = aggregate
+        replies = grid.send_and_receive(
+            strategy.configure_evaluate(server_round, arrays, evaluate_config, grid),
+            timeout=timeout)
+        strategy.aggregate_evaluate(server_round, replies)
+        evaluate_fn(server_round, arrays)
+        after_round(server_round, arrays)
+    return arrays

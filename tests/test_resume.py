@@ -1,0 +1,100 @@
+"""Resume: a run stopped in round 3 of 3 and resumed from its checkpoint ends with the same
+model, bit for bit, and the same metrics rows as the run that was not stopped, for every method
+whose state lives on the server. The resumed run's nodes have other node ids, as they do after
+a restart: state kept by node id must follow its partition."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from flwr.app import MessageType
+
+from driftfl.common.config import compose
+from driftfl.common.errors import ConfigError
+from driftfl.common.protocol import CONFIG, SERVER_ROUND
+from driftfl.methods import METHODS
+from driftfl.server import checkpoint
+from driftfl.server.app import run_experiment
+from driftfl.server.experiment import prepare_experiment
+from test_methods import TINY, InProcessGrid
+
+# a client keeps state of its own between rounds in these (SCAFFOLD's c_k, FedDyn's gradient,
+# MOON's previous model): a resumed run starts it again, so they cannot match bit for bit
+CLIENT_STATE = {"scaffold", "feddyn", "moon"}
+TIMING = {"seconds", "train_seconds", "eval_seconds", "condense_seconds"}
+
+
+class Stopped(Exception):
+    """The server process dies."""
+
+
+def nodes(first_id: int) -> dict[int, dict]:
+    return {first_id + i: {"dataset": "fmnist", "partition-id": i, "num-partitions": 2}
+            for i in range(2)}
+
+
+class StoppingGrid(InProcessGrid):
+    """Its server dies as it sends round ``stop``'s training."""
+
+    def __init__(self, node_configs, stop: int):
+        super().__init__(node_configs)
+        self.stop = stop
+
+    def send_and_receive(self, messages, timeout=None):
+        messages = list(messages)
+        if any(m.metadata.message_type == MessageType.TRAIN
+               and m.content[CONFIG][SERVER_ROUND] == self.stop for m in messages):
+            raise Stopped
+        return super().send_and_receive(messages, timeout)
+
+
+# DCFL condenses little: what is checked is its store and matrix across the resume
+SMALL = {"dcfl": ["strategy.condense_iterations=4", "strategy.ipc=2", "strategy.pretrain_epochs=2"]}
+
+
+def experiment(name: str, *more: str):
+    return prepare_experiment(compose([f"strategy={name}", *TINY, "rounds=3",
+                                       *SMALL.get(name, []), *more]))
+
+
+def rows_without_timing(run_dir):
+    rows = json.loads((run_dir / "metrics.json").read_text())["rounds"]
+    return [{k: v for k, v in r.items() if not any(k.startswith(t) for t in TIMING)}
+            for r in rows]
+
+
+@pytest.mark.parametrize("name", sorted(set(METHODS) - CLIENT_STATE))
+def test_a_run_stopped_in_its_last_round_and_resumed_ends_as_the_uninterrupted_one(
+        name, tmp_path, fmnist_available, server_task):
+    whole, stopped = tmp_path / "whole", tmp_path / "stopped"
+    run_experiment(InProcessGrid(nodes(100)), experiment(name), whole, run_id=1)
+    with pytest.raises(Stopped):
+        run_experiment(StoppingGrid(nodes(100), stop=3), experiment(name), stopped, run_id=2)
+    assert torch.load(stopped / checkpoint.CHECKPOINT, weights_only=False)["round"] == 2
+    assert not (stopped / "summary.json").exists()
+
+    run_experiment(InProcessGrid(nodes(200)), experiment(name), stopped, run_id=3, resume=True)
+
+    final, resumed = (torch.load(d / "model.pt") for d in (whole, stopped))
+    assert final.keys() == resumed.keys()
+    assert all(torch.equal(final[k], resumed[k]) for k in final), name
+    assert rows_without_timing(stopped) == rows_without_timing(whole)
+    meta = json.loads((stopped / "meta.json").read_text())
+    assert meta["resumed_after_round"] == 2 and meta["earlier"][0]["flower_run_id"] == 2
+
+
+def test_a_different_experiment_or_a_finished_run_is_refused_with_one_line(
+        tmp_path, fmnist_available, server_task):
+    with pytest.raises(Stopped):
+        run_experiment(StoppingGrid(nodes(100), stop=2), experiment("fedavg"), tmp_path, 1)
+    other = experiment("fedavg", "lr=0.01", "round_timeout=60")
+    with pytest.raises(ConfigError, match=r"cannot resume .*: its experiment differs in "
+                                          r"lr \(0.05 there, 0.01 here\); resume with the "
+                                          r"overrides it ran with"):
+        checkpoint.load(tmp_path, other.cfg)  # round_timeout may differ: how, not what
+    with pytest.raises(ConfigError, match="it has no checkpoint.pt"):
+        checkpoint.load(tmp_path / "nothing", other.cfg)
+    with pytest.raises(ConfigError, match=r"rounds \(3 there, 1 here\)"):
+        checkpoint.load(tmp_path, experiment("fedavg", "rounds=1").cfg)
