@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import REPO
+from conftest import REPO, driftfl_bin
 from driftfl.client.node import NO_DATA_NAMED
 from driftfl.common.datasets import load_dataset
 from driftfl.launch import _tool, _wait_healthy, flwr_env, free_port, stop
@@ -44,10 +44,12 @@ class Deployment:
         return self.processes[-1]
 
     def start_superlink(self) -> None:
-        superlink = self.start([_tool("flower-superlink"), "--insecure", "--host", "127.0.0.1",
-                                "--port", str(self.port),
-                                "--disable-runtime-dependency-installation"], "superlink")
-        _wait_healthy(self.port, superlink, self.logs / "superlink.log")
+        """The SuperLink, its state in a database file: a restarted one knows its nodes."""
+        self.superlink = self.start(
+            [_tool("flower-superlink"), "--insecure", "--host", "127.0.0.1", "--port",
+             str(self.port), "--database", str(self.logs / "superlink.db"),
+             "--disable-runtime-dependency-installation"], "superlink", "a")
+        _wait_healthy(self.port, self.superlink, self.logs / "superlink.log")
 
     def start_node(self, i: int) -> None:
         """SuperNode i (again, after a kill: a new process, which gets a new node id)."""
@@ -214,3 +216,41 @@ def test_a_node_killed_in_round_two_is_counted_lost_and_rejoins_when_restarted(
     assert all(r["rejected"] == 0 and r["model_updated"] == 1 for r in rows[1:])
     assert rows[-1]["test_accuracy"] > rows[0]["test_accuracy"] + 0.3, rows
     assert "lost: partition(s) 2" in out and "partition 2 rejoined as node" in out
+
+
+def test_simulation_and_deployment_train_the_same_bytes_also_across_a_superlink_restart(
+        tmp_path, fmnist_available):
+    """The same experiment and seed in Flower's simulation and across real SuperNodes: the
+    same partitions, the same order of sums, the same torch thread count, the same model. The
+    deployed run's SuperLink is stopped after a round and started again on its database; the
+    SuperNodes reconnect and the run, resumed, ends with the same bytes."""
+    overrides = ("strategy=fedcsd model=mlp dataset.subset=3000 dataset.test_subset=1000 "
+                 "num_clients=2 rounds=3 seed=3")
+    simulated, deployed = tmp_path / "simulated", tmp_path / "deployed"
+    out = subprocess.run([driftfl_bin(), "run", *overrides.split(),
+                          f"hydra.run.dir={simulated}"],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    nodes = [f"dataset='fmnist' partition-id={i} num-partitions=2" for i in range(2)]
+    with deployment(nodes, tmp_path) as cluster:
+        first = subprocess.Popen(cluster.command(f"{overrides} node_wait=120", deployed),
+                                 env=cluster.env, stdout=subprocess.DEVNULL,
+                                 stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 600
+        while not (deployed / "checkpoint.pt").exists():  # a round is done
+            assert first.poll() is None and time.monotonic() < deadline
+            time.sleep(0.2)
+        stop(cluster.superlink)
+        first.wait(timeout=120)
+        assert not (deployed / "summary.json").exists()
+        cluster.start_superlink()
+        out = subprocess.run(
+            [*cluster.command(f"{overrides} node_wait=120", deployed)[:-1],
+             cluster.command(f"{overrides} node_wait=120", deployed)[-1] + " resume=true"],
+            env=cluster.env, capture_output=True, text=True, timeout=900)
+        assert all(node.poll() is None for node in cluster.nodes.values())  # reconnected
+    assert "driftfl: resuming" in out.stdout, out.stdout[-3000:] + out.stderr[-3000:]
+    assert (deployed / "summary.json").is_file(), out.stdout[-3000:] + out.stderr[-3000:]
+    rows = [json.loads((d / "metrics.json").read_text())["rounds"] for d in (simulated, deployed)]
+    assert [r["test_accuracy"] for r in rows[0]] == [r["test_accuracy"] for r in rows[1]]
+    assert (simulated / "model.pt").read_bytes() == (deployed / "model.pt").read_bytes()

@@ -302,7 +302,8 @@ def test_flowers_parser_types_the_keys_as_the_node_config_expects():
     ({"max-epochs": 3}, "unknown --node-config key 'max-epochs' (did you mean "
                         "max-local-epochs?); valid keys: data-dir, dataset, dataset-download, "
                         "dataset-root, max-batch-size, max-condense-iterations, "
-                        "max-local-epochs, max-parameters, num-partitions, partition-id"),
+                        "max-local-epochs, max-parameters, num-partitions, partition-id, "
+                        "threads"),
     ({"data-dir": "/x", "max-local-epochs": "5"},
      "--node-config max-local-epochs must be a whole number, got '5'"),
     ({"dataset": "fmnist"}, "--node-config dataset='fmnist' needs partition-id=<i> "

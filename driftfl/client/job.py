@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -36,6 +37,9 @@ class ClientJob:
         experiment = ExperimentConfig.from_json(str(config[EXPERIMENT]))
         meta = DatasetMeta.from_json(str(config[DATASET_META]))
         check_caps(msg, experiment, meta, allowed)  # before reading data or training
+        # the thread count changes float sums: a simulated client's cores, or the operator's
+        torch.set_num_threads(min(experiment.simulation.client_cpus, os.cpu_count() or 1)
+                              if node.in_simulation() else allowed.threads)
         data = local_data(experiment, meta, allowed, simulation=node.in_simulation())
         return cls(experiment, meta, data, msg, context)
 

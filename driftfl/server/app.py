@@ -85,6 +85,8 @@ def run_experiment(grid: Grid, experiment: Experiment, run_dir: Path, run_id: in
         checkpoint.restore(strategy, saved, clients)
     strategy.meet(clients)
     if not isinstance(grid, InMemoryGrid):
+        print(f"driftfl: each round is saved in {run_dir / checkpoint.CHECKPOINT}; should the "
+              "run stop, add resume=true to the same run config to go on", flush=True)
         strategy.roster = Roster(metered, experiment_record, clients,
                                  num_partitions=cfg.num_clients, min_clients=cfg.min_clients,
                                  rejoin_wait=cfg.rejoin_wait, timeout=cfg.round_timeout,

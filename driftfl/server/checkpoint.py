@@ -28,9 +28,10 @@ CHECKPOINT = "checkpoint.pt"
 # strategy attributes that belong to one round (the replies, the round's report) or to one
 # process (the roster holds the grid): made afresh, never saved
 TRANSIENT = frozenset({"roster", "last_updates", "report"})
-# settings that change how a run is carried out, not what it computes
+# settings that change how a run is carried out, not what it computes (a simulated client's
+# cores do: they are its torch threads)
 OPERATIONAL = frozenset({"verbose", "tracker", "node_wait", "round_timeout", "min_clients",
-                         "rejoin_wait", "simulation"})
+                         "rejoin_wait", "simulation.ray_address", "simulation.client_gpus"})
 
 
 def save(run_dir: Path, server_round: int, arrays: dict[str, np.ndarray], strategy,
@@ -69,7 +70,7 @@ def differences(saved: dict, wanted: dict, prefix: str = "") -> list[str]:
     operational ones aside."""
     found = []
     for key in sorted(set(saved) | set(wanted)):
-        if not prefix and key in OPERATIONAL:
+        if f"{prefix}{key}" in OPERATIONAL:
             continue
         a, b = saved.get(key), wanted.get(key)
         if isinstance(a, dict) and isinstance(b, dict):
