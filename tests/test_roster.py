@@ -6,13 +6,15 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from flwr.app import ConfigRecord
+from flwr.app import ConfigRecord, Error, Message
+from flwr.common.constant import SUPERLINK_NODE_ID, ErrorCode
 
 from driftfl.common.errors import ConfigError
 from driftfl.common.protocol import DATASET_META
 from driftfl.server.roster import Roster
 from driftfl.strategies import FedAvg
-from test_reply_checks import GLOBAL, META, ScriptedGrid, summary_reply, surveyed, train_reply
+from test_reply_checks import (GLOBAL, META, ScriptedGrid, metadata, summary_reply, surveyed,
+                               train_reply)
 
 CLIENTS = [{"node_id": 10 + p, "partition_id": p, "num_examples": 5,
             "label_histogram": [2, 3, 0]} for p in range(3)]
@@ -89,7 +91,9 @@ def test_a_newcomer_cannot_take_a_partition_a_connected_node_holds():
 def test_a_node_that_sent_nothing_back_is_lost_not_rejected_and_not_used():
     strategy = surveyed(FedAvg(), CLIENTS)
     strategy.trained = [10, 11, 12]
-    superlink_error = train_reply(0, [0.0, 0.0], 1)  # Flower's error reply comes from node 0
+    # Flower's error reply for a lost node comes from the SuperLink's own node id
+    superlink_error = Message(metadata=metadata(SUPERLINK_NODE_ID),
+                              error=Error(code=ErrorCode.NODE_UNAVAILABLE, reason="unavailable"))
     updates = strategy.accept([train_reply(10, [2.0, 2.0], 5), train_reply(11, [1.0, 3.0], 5),
                                superlink_error])
     assert [u.node_id for u in updates] == [10, 11]

@@ -241,7 +241,7 @@ class DriftStrategy(FedAvg):
             log(WARNING, "round reply from %s lost: the node sent nothing back (gone, or over "
                 "round_timeout)", self.describe(node))
         for msg in self.in_node_order(replies):
-            if self.trained and msg.metadata.src_node_id not in self.trained:
+            if msg.has_error() and msg.metadata.src_node_id not in self.trained:
                 continue  # the SuperLink's error reply for a lost node, counted above
             checked = check_reply(msg, self.global_arrays, bound)
             if not isinstance(checked, str):
