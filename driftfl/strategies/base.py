@@ -30,6 +30,7 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
+from flwr.common.constant import SUPERLINK_NODE_ID
 from flwr.supercore import log
 from torch import nn
 
@@ -241,8 +242,8 @@ class DriftStrategy(FedAvg):
             log(WARNING, "round reply from %s lost: the node sent nothing back (gone, or over "
                 "round_timeout)", self.describe(node))
         for msg in self.in_node_order(replies):
-            if msg.has_error() and msg.metadata.src_node_id not in self.trained:
-                continue  # the SuperLink's error reply for a lost node, counted above
+            if msg.has_error() and msg.metadata.src_node_id == SUPERLINK_NODE_ID:
+                continue  # the SuperLink's notice that a node is lost, counted above
             checked = check_reply(msg, self.global_arrays, bound)
             if not isinstance(checked, str):
                 checked = self.reject(checked) or checked
