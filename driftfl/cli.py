@@ -3,6 +3,8 @@
     driftfl run [hydra overrides]       one experiment in local Ray simulation
     driftfl run -m [sweep overrides]    a Hydra multirun: one run directory per job
     driftfl report DIR...               tables and plots over many runs
+    driftfl split DIR [overrides]       each client's share of the data as its own file
+    driftfl secure init|register|proxy  credentials, node registration, the fleet proxy
 """
 
 from __future__ import annotations
@@ -31,6 +33,13 @@ commands:
                       overrides it ran with)
   report DIR...       mean ± std tables and accuracy plots over many runs, e.g.
                       driftfl report multirun/2026-11-22/10-00-00 --target fedavg
+  split DIR [overrides]
+                      write each client's share of the experiment's partition to
+                      DIR/client-<k>.npz, for SuperNodes that hold only their own data
+  secure init|register|proxy
+                      a secure deployment: the CA, the SuperLink's certificate and node keys;
+                      registering node keys; the proxy that lets nodes reach only the Fleet
+                      API (driftfl secure --help)
 """
 
 
@@ -245,8 +254,17 @@ def main(argv: list[str] | None = None) -> None:
         from driftfl.report import main as report
 
         report(args)
+    elif command == "split":
+        from driftfl.deploy.split import main as split
+
+        split(args)
+    elif command == "secure":
+        from driftfl.deploy.command import main as secure
+
+        secure(args)
     else:
-        print(f"driftfl: unknown command '{command}'; valid: report, run\n\n{USAGE}",
+        print(f"driftfl: unknown command '{command}'; valid: report, run, secure, split\n\n"
+              f"{USAGE}",
               file=sys.stderr, end="")
         raise SystemExit(2)
 

@@ -43,13 +43,20 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _wait_healthy(port: int, process: subprocess.Popen, log: Path, timeout: float = 60) -> None:
+def _wait_healthy(port: int, process: subprocess.Popen, log: Path, timeout: float = 60,
+                  ca: Path | None = None) -> None:
+    """Wait until the SuperLink on 127.0.0.1:``port`` answers its health check (over TLS,
+    trusting ``ca``, when given)."""
+    import ssl
+
     deadline = time.monotonic() + timeout
+    url = f"{'https' if ca else 'http'}://127.0.0.1:{port}/health"
+    context = ssl.create_default_context(cafile=str(ca)) if ca else None
     while time.monotonic() < deadline:
         if process.poll() is not None:
             raise RuntimeError(f"flower-superlink exited with code {process.returncode}; see {log}")
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+            with urllib.request.urlopen(url, timeout=2, context=context) as r:
                 if r.status == 200:
                     return
         except OSError:

@@ -1,6 +1,8 @@
 """Real deployment on 127.0.0.1: a SuperLink and SuperNodes as separate processes, started with
-the README's commands. Each node reads what its --node-config names, a partition of
-Fashion-MNIST or its own file, and nothing else. Every process a test starts is stopped."""
+the README's commands: TLS and node authentication, the nodes reaching the SuperLink only
+through the fleet proxy (one test runs README's --insecure shortcut). Each node reads what its
+--node-config names, a partition of Fashion-MNIST or its own file, and nothing else. Every
+process a test starts is stopped."""
 
 from __future__ import annotations
 
@@ -19,19 +21,31 @@ import pytest
 from conftest import REPO, driftfl_bin
 from driftfl.client.node import NO_DATA_NAMED
 from driftfl.common.datasets import load_dataset
+from driftfl.deploy.credentials import make_credentials
 from driftfl.launch import _tool, _wait_healthy, flwr_env, free_port, stop
 
 pytestmark = pytest.mark.e2e
 
 
 class Deployment:
-    """A SuperLink and its SuperNodes as processes; calling it runs `flwr run <overrides>`."""
+    """A SuperLink and its SuperNodes as processes; calling it runs `flwr run <overrides>`.
 
-    def __init__(self, node_configs: list[str], logs: Path, flwr_home: str):
-        self.node_configs, self.logs = node_configs, logs
+    Secure (the default, as README leads): credentials from `driftfl secure init`, a SuperLink
+    with TLS and node authentication on 127.0.0.1, the node keys registered through it, and
+    the fleet proxy (`driftfl secure proxy`) as the nodes' only door. ``secure=False`` is
+    README's local shortcut: --insecure, the nodes straight to the SuperLink."""
+
+    def __init__(self, node_configs: list[str], logs: Path, flwr_home: str, secure: bool = True):
+        self.node_configs, self.logs, self.secure = node_configs, logs, secure
         self.port = free_port()
+        self.fleet = free_port() if secure else self.port  # where nodes connect
+        self.keys = logs / "secure"
+        if secure:  # one key more than nodes: a node nobody registered
+            make_credentials(self.keys, [], nodes=len(node_configs) + 1)
         (Path(flwr_home) / "config.toml").write_text(
-            f'[superlink.deployment]\naddress = "127.0.0.1:{self.port}"\ninsecure = true\n')
+            f'[superlink.deployment]\naddress = "127.0.0.1:{self.port}"\n' + (
+                f'root-certificates = "{self.keys / "ca.crt"}"\n' if secure
+                else "insecure = true\n"))
         self.env = flwr_env(flwr_home)
         self.processes: list[subprocess.Popen] = []
         self.nodes: dict[int, subprocess.Popen] = {}
@@ -45,18 +59,38 @@ class Deployment:
 
     def start_superlink(self) -> None:
         """The SuperLink, its state in a database file: a restarted one knows its nodes."""
+        tls = ["--ssl-ca-certfile", str(self.keys / "ca.crt"), "--ssl-certfile",
+               str(self.keys / "superlink.crt"), "--ssl-keyfile", str(self.keys / "superlink.key"),
+               "--enable-supernode-auth"] if self.secure else ["--insecure"]
         self.superlink = self.start(
-            [_tool("flower-superlink"), "--insecure", "--host", "127.0.0.1", "--port",
+            [_tool("flower-superlink"), *tls, "--host", "127.0.0.1", "--port",
              str(self.port), "--database", str(self.logs / "superlink.db"),
              "--disable-runtime-dependency-installation"], "superlink", "a")
-        _wait_healthy(self.port, self.superlink, self.logs / "superlink.log")
+        _wait_healthy(self.port, self.superlink, self.logs / "superlink.log",
+                      ca=self.keys / "ca.crt" if self.secure else None)
+
+    def open_fleet(self) -> None:
+        """Register the nodes' keys (the operator, on 127.0.0.1), then open the nodes' door."""
+        keys = [str(self.keys / f"node-{i}.key.pub") for i in range(len(self.node_configs))]
+        out = subprocess.run([driftfl_bin(), "secure", "register", "deployment", *keys],
+                             env=self.env, capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stdout + out.stderr
+        self.proxy = self.start([driftfl_bin(), "secure", "proxy", str(self.keys), "--listen",
+                                 f"127.0.0.1:{self.fleet}", "--superlink",
+                                 f"127.0.0.1:{self.port}"], "proxy")
+
+    def node_command(self, key: str | None, insecure: bool = False) -> list[str]:
+        tls = (["--insecure"] if insecure or not self.secure
+               else ["--root-certificates", str(self.keys / "ca.crt")])
+        auth = ["--auth-supernode-private-key", str(self.keys / key)] if key else []
+        return [_tool("flower-supernode"), *tls, *auth, "--superlink",
+                f"127.0.0.1:{self.fleet}", "--port", str(free_port())]
 
     def start_node(self, i: int) -> None:
         """SuperNode i (again, after a kill: a new process, which gets a new node id)."""
-        self.nodes[i] = self.start(
-            [_tool("flower-supernode"), "--insecure", "--superlink", f"127.0.0.1:{self.port}",
-             "--port", str(free_port()), "--node-config", self.node_configs[i]],
-            f"supernode{i}", "a")
+        key = f"node-{i}.key" if self.secure else None
+        self.nodes[i] = self.start([*self.node_command(key), "--node-config",
+                                    self.node_configs[i]], f"supernode{i}", "a")
 
     def kill(self, i: int) -> None:
         """SIGKILL SuperNode i and the ClientApp it may be running, as a machine that dies."""
@@ -72,14 +106,24 @@ class Deployment:
                               capture_output=True, text=True, timeout=900)
 
 
+@pytest.fixture(scope="module", autouse=True)
+def nginx_installed():
+    """The fleet proxy's nginx, installed by the deployment set-up script when missing."""
+    out = subprocess.run(["bash", str(REPO / "scripts" / "setup-deployment.sh")],
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
 @contextlib.contextmanager
-def deployment(node_configs: list[str], logs: Path):
+def deployment(node_configs: list[str], logs: Path, secure: bool = True):
     """A SuperLink and one SuperNode per node config; yields the Deployment. Every process it
     started is stopped."""
     with tempfile.TemporaryDirectory() as flwr_home:
-        cluster = Deployment(node_configs, logs, flwr_home)
+        cluster = Deployment(node_configs, logs, flwr_home, secure)
         try:
             cluster.start_superlink()
+            if secure:
+                cluster.open_fleet()
             for i in range(len(node_configs)):
                 cluster.start_node(i)
             yield cluster
@@ -89,8 +133,11 @@ def deployment(node_configs: list[str], logs: Path):
             assert all(p.poll() is not None for p in cluster.processes)  # nothing left running
 
 
-def test_superlink_and_two_supernodes_train_two_rounds_of_fedcsd(tmp_path, fmnist_available):
-    """FedCSD: each round is a prototype query and then training, through real processes."""
+def test_registered_nodes_train_fedcsd_and_strangers_are_refused(tmp_path, fmnist_available):
+    """FedCSD (a prototype query, then training, each round) through TLS, node authentication
+    and the fleet proxy. Refused, without hanging the run or being counted: a node whose key
+    nobody registered, a node without TLS, and a stranger who holds the CA certificate and
+    tries to register a key of its own through the nodes' door."""
     # the second data owner's own file: 1500 Fashion-MNIST images no partition contains
     data = load_dataset({"name": "fmnist"})
     own = tmp_path / "owner-b.npz"
@@ -100,20 +147,51 @@ def test_superlink_and_two_supernodes_train_two_rounds_of_fedcsd(tmp_path, fmnis
     first = ("dataset='fmnist' partition-id=0 num-partitions=2 max-parameters=1_000_000 "
              "max-local-epochs=1 max-batch-size=64")
     with deployment([first, f"data-dir='{own}'"], tmp_path) as run:
+        strangers = {
+            "unregistered": run.start([*run.node_command("node-2.key"), "--node-config",
+                                       "dataset='fmnist' partition-id=1 num-partitions=2"],
+                                      "unregistered"),
+            "no-tls": run.start([*run.node_command(None, insecure=True), "--node-config",
+                                 "dataset='fmnist' partition-id=1 num-partitions=2"], "no-tls")}
+        config = Path(run.env["FLWR_HOME"]) / "config.toml"
+        config.write_text(config.read_text() + (
+            f'[superlink.stranger]\naddress = "127.0.0.1:{run.fleet}"\n'
+            f'root-certificates = "{run.keys / "ca.crt"}"\n'))
+        register = subprocess.run([driftfl_bin(), "secure", "register", "stranger",
+                                   str(run.keys / "node-2.key.pub")], env=run.env,
+                                  capture_output=True, text=True, timeout=120)
         out = run("strategy=fedcsd model=mlp dataset.subset=4000 dataset.test_subset=2000 "
                   "num_clients=2 rounds=2 node_wait=120", run_dir)
+        listed = subprocess.run([_tool("flwr"), "supernode", "list", "deployment", "--format",
+                                 "json"], env=run.env, capture_output=True, text=True,
+                                timeout=120)
+        exits = {name: node.wait(timeout=120) for name, node in strangers.items()}
     assert (run_dir / "summary.json").is_file(), out.stdout[-3000:] + out.stderr[-3000:]
 
     rows = json.loads((run_dir / "metrics.json").read_text())["rounds"]
     assert rows[-1]["test_accuracy"] > rows[0]["test_accuracy"] + 0.3, rows
-    assert rows[1]["clients"] == 2 and 0 < rows[2]["teacher_accuracy"] < 1
+    assert all(r["clients"] == 2 and r["rejected"] == 0 for r in rows[1:])
+    assert 0 < rows[2]["teacher_accuracy"] < 1
     assert all(r["teacher_logits_reused"] == 1 for r in rows[1:])  # node state kept the logits
     clients = json.loads((run_dir / "partition.json").read_text())["clients"]
     by_kind = {c["partition_id"]: c for c in clients}
-    assert set(by_kind) == {-1, 0}  # one partition node, one own-data node
+    assert set(by_kind) == {-1, 0}  # one partition node, one own-data node: no stranger
     assert by_kind[-1]["num_examples"] == 1500
     assert by_kind[-1]["label_histogram"] == np.bincount(
         data.train_y[10000:11500], minlength=10).tolist()
+
+    # the refused: registration through the proxy is forbidden; the unregistered node and the
+    # one without TLS gave up at once (Flower's exit code 305: no connection to the SuperLink)
+    assert register.returncode == 1 and "403 Forbidden" in register.stderr, register.stderr
+    assert exits == {"unregistered": 1, "no-tls": 1}, exits
+    logs = {name: (tmp_path / f"{name}.log").read_text() for name in strangers}
+    assert all("Exit Code: 305" in log for log in logs.values()), logs
+    assert "Failed to activate SuperNode" in logs["unregistered"]
+    assert "400 Bad Request" in logs["no-tls"]
+    registered = json.loads(listed.stdout)["nodes"]
+    assert len(registered) == 2 and all(n["status"] == "online" for n in registered), registered
+    proxy_log = (tmp_path / "proxy.log").read_text()
+    assert '"POST /v1/control/register-node HTTP/1.1" 403' in proxy_log
 
 
 def test_dcfl_condenses_and_exchanges_through_real_supernodes(tmp_path, fmnist_available):
@@ -142,7 +220,7 @@ def test_nodes_that_cannot_read_their_data_stop_the_run_before_training(tmp_path
     (tmp_path / "empty" / "0").mkdir(parents=True)
     run_dir = tmp_path / "run"
     with deployment([f"data-dir='{tmp_path / 'empty'}'", "partition-id=0 num-partitions=1"],
-                    tmp_path) as run:
+                    tmp_path, secure=False) as run:  # README's local shortcut: --insecure
         out = run("model=mlp dataset.test_subset=500 num_clients=2 rounds=1 node_wait=120",
                   run_dir)
     assert "driftfl: error: a client cannot read its data" in out.stdout, out.stdout[-3000:]

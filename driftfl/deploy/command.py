@@ -1,0 +1,125 @@
+"""`driftfl secure`: credentials, the fleet proxy and node registration for a deployment."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from driftfl.common.errors import ConfigError
+
+ALREADY_REGISTERED = "Public key already in use"  # flwr's answer to a key registered before
+
+DESCRIPTION = """\
+A secure deployment, step by step (README, Deployment):
+  1. driftfl secure init DIR --name <the SuperLink's host name or address> --nodes N
+  2. flower-superlink on 127.0.0.1:9091 with DIR's certificate and --enable-supernode-auth
+  3. driftfl secure register <connection> DIR/node-*.key.pub    (the operator, on 127.0.0.1)
+  4. driftfl secure proxy DIR --listen 0.0.0.0:9090             (the nodes' only door)
+  5. each node: flower-supernode --superlink <host>:9090 --root-certificates ca.crt
+                --auth-supernode-private-key node-<i>.key ...
+"""
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="driftfl secure", description=DESCRIPTION,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    steps = parser.add_subparsers(dest="step", required=True, metavar="{init,register,proxy}")
+    init = steps.add_parser("init", help="make the CA, the SuperLink's certificate and node keys")
+    init.add_argument("folder", type=Path, help="where to write them (new or empty)")
+    init.add_argument("--name", action="append", default=[], metavar="HOST",
+                      help="a name or address nodes reach the SuperLink by (repeat for more; "
+                           "localhost and 127.0.0.1 are always included)")
+    init.add_argument("--nodes", type=int, default=0, help="node key pairs to make (0)")
+    init.add_argument("--days", type=int, default=365, help="certificate lifetime (365)")
+
+    register = steps.add_parser("register", help="register node public keys with the SuperLink")
+    register.add_argument("connection", help="the operator's SuperLink connection in "
+                                             "$FLWR_HOME/config.toml (never the proxy)")
+    register.add_argument("keys", nargs="+", type=Path, help="node public keys (*.key.pub)")
+
+    proxy = steps.add_parser("proxy", help="run the fleet proxy (nginx) in the foreground")
+    proxy.add_argument("folder", type=Path, help="the credentials folder of `init`")
+    proxy.add_argument("--listen", default="0.0.0.0:9090",
+                       help="where nodes connect (0.0.0.0:9090)")
+    proxy.add_argument("--superlink", default="127.0.0.1:9091",
+                       help="the SuperLink's own address, reached over TLS (127.0.0.1:9091)")
+    proxy.add_argument("--print-config", action="store_true",
+                       help="print the nginx configuration instead of running it")
+    return parser
+
+
+def _init(args) -> None:
+    from driftfl.deploy.credentials import make_credentials
+
+    files = make_credentials(args.folder, args.name, args.nodes, args.days)
+    print(f"wrote {', '.join(f.name for f in files)} to {args.folder}")
+    print("the SuperLink and the proxy use superlink.crt and superlink.key; every node and the "
+          "operator need ca.crt; node i needs node-i.key and nothing else of this folder; "
+          "keep ca.key offline")
+
+
+def _public_key_problem(path: Path) -> str | None:
+    from cryptography.exceptions import UnsupportedAlgorithm
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.hazmat.primitives.serialization import load_ssh_public_key
+
+    try:
+        key = load_ssh_public_key(path.read_bytes())
+    except (OSError, ValueError, UnsupportedAlgorithm) as err:
+        return f"{path} is not an OpenSSH public key ({err})"
+    if not isinstance(key, ec.EllipticCurvePublicKey):
+        return f"{path} is not an ECDSA key; make one with ssh-keygen -t ecdsa -b 384"
+    return None
+
+
+def _register(args) -> None:
+    from driftfl.launch import _tool
+
+    problems = [p for p in map(_public_key_problem, args.keys) if p]
+    if problems:
+        raise ConfigError(problems[0])
+    failed = 0
+    for key in args.keys:
+        out = subprocess.run([_tool("flwr"), "supernode", "register", str(key), args.connection,
+                              "--format", "json"], capture_output=True, text=True)
+        try:
+            reply = json.loads(out.stdout)
+        except ValueError:
+            reply = {"success": False, "error-message": out.stdout + out.stderr}
+        # flwr's message starts with which SuperLink it used: its last line says what happened
+        said = [line for line in str(reply.get("error-message", "")).splitlines()
+                if line and not line.startswith("For more information")]
+        if reply.get("success"):
+            print(f"{key.name}: registered as node {reply.get('node-id')}")
+        elif said and ALREADY_REGISTERED in said[-1]:
+            print(f"{key.name}: already registered")
+        else:
+            failed += 1
+            print(f"{key.name}: not registered: {' '.join(said[-2:]) or reply}", file=sys.stderr)
+    if failed:
+        raise SystemExit(1)
+
+
+def main(argv: list[str]) -> None:
+    args = _parser().parse_args(argv)
+    try:
+        if args.step == "init":
+            _init(args)
+        elif args.step == "register":
+            _register(args)
+        else:
+            from driftfl.deploy import proxy
+
+            folder = args.folder
+            files = (folder / "superlink.crt", folder / "superlink.key", folder / "ca.crt")
+            if args.print_config:
+                print(proxy.render(args.listen, args.superlink, *files,
+                                   Path("/tmp/driftfl-fleet-proxy")), end="")
+                return
+            raise SystemExit(proxy.serve(args.listen, args.superlink, *files))
+    except ConfigError as err:
+        print(f"driftfl: error: {err}", file=sys.stderr)
+        raise SystemExit(2) from None
