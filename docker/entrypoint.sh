@@ -8,7 +8,8 @@
 #   supernode  a data owner's node: its own key and data (the /node volume), nothing else
 #   train [overrides]
 #              (in the operator: docker compose exec operator driftfl-demo train ...) one run
-#              across the nodes; the run directory lands in the host's docker/runs
+#              across the nodes (driftfl run superlink=demo); its run directory lands in the
+#              host's docker/runs
 set -euo pipefail
 
 NODES=${DEMO_NODES:-3}
@@ -97,23 +98,13 @@ supernode() {
   done
 }
 
-train() {  # [resume=<run name>] [overrides]: a new run, or go on with a stopped one
-  local name resume="" overrides=()
-  name=$(date +%Y-%m-%d_%H-%M-%S)
-  for word in "$@"; do
-    case "$word" in
-      resume=*) name=${word#resume=}; resume=" resume=true" ;;
-      *) overrides+=("$word") ;;
-    esac
-  done
-  flwr run /app demo --stream --run-config \
-    "overrides='num_clients=$NODES ${overrides[*]}' run-dir='/runs/$name'$resume"
-  if [ ! -f "/runs/$name/summary.json" ]; then
-    say "train: the run stopped before its end (no summary.json in docker/runs/$name);" \
-        "go on with: driftfl-demo train resume=$name ${overrides[*]}"
-    exit 1
+train() {  # [overrides] [resume=/runs/<name>]: a run across the nodes, or go on with one
+  local args=("$@")
+  if ! printf '%s\n' "$@" | grep -q '^resume='; then
+    args+=("hydra.run.dir=/runs/$(date +%Y-%m-%d_%H-%M-%S)")
   fi
-  say "train: results in docker/runs/$name"
+  # driftfl run on the federation: it exits non-zero, saying how to go on, if the run stops
+  exec driftfl run superlink=demo num_clients="$NODES" "${args[@]}"
 }
 
 role=${1:-}

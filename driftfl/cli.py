@@ -1,6 +1,7 @@
 """The `driftfl` command.
 
-    driftfl run [hydra overrides]       one experiment in local Ray simulation
+    driftfl run [hydra overrides]       one experiment in local Ray simulation (or, with
+                                        superlink=NAME, on a deployed federation)
     driftfl run -m [sweep overrides]    a Hydra multirun: one run directory per job
     driftfl report DIR...               tables and plots over many runs
     driftfl split DIR [overrides]       each client's share of the data as its own file
@@ -31,6 +32,9 @@ commands:
   run [overrides] resume=DIR
                       go on with a stopped run from its last complete round (the same
                       overrides it ran with)
+  run superlink=NAME [overrides]
+                      run on a deployed federation instead: NAME is a SuperLink connection
+                      in ~/.flwr/config.toml (README, Deployment)
   report DIR...       mean ± std tables and accuracy plots over many runs, e.g.
                       driftfl report multirun/2026-11-22/10-00-00 --target fedavg
   split DIR [overrides]
@@ -45,36 +49,45 @@ commands:
 
 def _run_job(cfg, hydra_subdir: str | None = None, keep: Path | None = None,
              resume: bool = False) -> None:
-    """One Hydra job: check the experiment, then launch it in simulation. Hydra's own files
+    """One Hydra job: check the experiment, then launch it (in simulation, or on the deployed
+    federation ``superlink`` names). Hydra's own files
     go to ``hydra_subdir`` (.hydra) only once the run is accepted, and a refused run removes
     the empty folders Hydra made for it below ``keep``. ``resume``: the run directory holds a
     stopped run of this experiment, to go on with."""
     from hydra.core.hydra_config import HydraConfig
 
     from driftfl.common.config import experiment_only
-    from driftfl.launch import check_launch, launch_simulation
+    from driftfl.launch import check_connection, check_launch, launch_deployment, launch_simulation
+    from driftfl.methods import check_experiment
     from driftfl.server.experiment import prepare_experiment
 
     hydra = HydraConfig.get()
     run_dir = Path(hydra.runtime.output_dir)
     overrides = list(hydra.overrides.task)
+    deployed = bool(cfg.get("superlink"))
     try:
-        experiment = prepare_experiment(experiment_only(cfg), make_partition=True)
-        if experiment.cfg.device == "cuda" and not experiment.cfg.simulation.client_gpus:
-            raise ConfigError("device=cuda needs a GPU share per simulated client, e.g. "
-                              "simulation.client_gpus=0.5 (two clients per GPU at a time)")
-        check_launch(overrides, run_dir, experiment.cfg.simulation.ray_address)
-        if resume:
+        if deployed:  # the data is the nodes' and the ServerApp's: only the settings here
+            experiment_cfg = check_experiment(experiment_only(cfg))
+            check_connection(experiment_cfg.superlink)
+        else:
+            experiment = prepare_experiment(experiment_only(cfg), make_partition=True)
+            experiment_cfg = experiment.cfg
+            if experiment_cfg.device == "cuda" and not experiment_cfg.simulation.client_gpus:
+                raise ConfigError("device=cuda needs a GPU share per simulated client, e.g. "
+                                  "simulation.client_gpus=0.5 (two clients per GPU at a time)")
+        check_launch(overrides, run_dir, experiment_cfg.simulation.ray_address)
+        if resume and not deployed:  # a deployed run's ServerApp checks its own checkpoint
             from driftfl.server import checkpoint
 
-            checkpoint.load(run_dir, experiment.cfg)
+            checkpoint.load(run_dir, experiment_cfg)
     except ConfigError as err:
         _remove_empty(run_dir, keep)
         print(f"driftfl: error: {err}", file=sys.stderr)
         raise SystemExit(2) from None
     if hydra_subdir is not None:
         _save_hydra_files(cfg, run_dir, hydra_subdir)
-    code = launch_simulation(experiment.cfg, overrides, run_dir, resume)
+    launch = launch_deployment if deployed else launch_simulation
+    code = launch(experiment_cfg, overrides, run_dir, resume)
     if code:
         raise SystemExit(code)
 

@@ -182,6 +182,52 @@ def launch_simulation(cfg: ExperimentConfig, overrides: list[str], run_dir: Path
     return 1
 
 
+def flwr_home() -> Path:
+    """Where flwr keeps its SuperLink connections (config.toml)."""
+    return Path(os.environ.get("FLWR_HOME", Path.home() / ".flwr"))
+
+
+def check_connection(name: str) -> None:
+    """Refuse a SuperLink connection flwr does not know, listing the ones it does."""
+    import tomllib
+
+    path = flwr_home() / "config.toml"
+    try:
+        known = sorted(tomllib.loads(path.read_text()).get("superlink", {}))
+    except (OSError, tomllib.TOMLDecodeError):
+        known = []
+    known = [k for k in known if k != "default"]
+    if name not in known:
+        raise ConfigError(
+            f"superlink={name}: {path} has no [superlink.{name}] connection; valid: "
+            f"{', '.join(known) or 'none'} (README, Deployment, shows one)")
+
+
+def launch_deployment(cfg: ExperimentConfig, overrides: list[str], run_dir: Path,
+                      resume: bool = False) -> int:
+    """Run the experiment on the deployed federation that ``cfg.superlink`` names, following
+    its log; 0 when it completed. The ServerApp writes ``run_dir`` on the SuperLink's machine:
+    this command checks it there (the same machine, or a shared folder)."""
+    check_connection(cfg.superlink)
+    env = {**os.environ, "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+           "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]])}
+    try:
+        subprocess.run([_tool("flwr"), "run", str(APP_DIR), cfg.superlink, "--stream",
+                        "--run-config", run_config_arg(overrides, run_dir, resume)],
+                       env=env, cwd=APP_DIR, check=False)
+    except KeyboardInterrupt:
+        print(f"driftfl: stopped following the run; it may go on in the federation "
+              f"(flwr ls {cfg.superlink}; flwr stop <run id> {cfg.superlink})", file=sys.stderr)
+        raise
+    summary = run_dir / "summary.json"
+    if summary.is_file() and json.loads(summary.read_text()).get("status") == "completed":
+        return 0
+    print(f"driftfl: the run did not complete (no summary.json in {run_dir}); if the SuperLink "
+          "stopped, start it again with the same --database: the nodes reconnect."
+          f"{resume_hint(run_dir, overrides)}", file=sys.stderr)
+    return 1
+
+
 def resume_hint(run_dir: Path, overrides: list[str]) -> str:
     """How to go on with a stopped run, once it has a checkpoint ("" before its first round)."""
     from driftfl.server.checkpoint import CHECKPOINT

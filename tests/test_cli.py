@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import os
 import subprocess
 
 import pytest
@@ -112,6 +113,24 @@ def test_refused_run_leaves_an_existing_run_directory_as_it_was(tmp_path, fmnist
                                  "10 clients") and out.stderr.count("\n") == 1
     assert files_under(run) == before and sorted(run.rglob("*")) == sorted(
         [run / ".hydra", run / ".hydra" / "overrides.yaml", run / "metrics.json"])
+
+
+def test_a_federation_flwr_does_not_know_is_refused_listing_the_ones_it_does(tmp_path):
+    """superlink=NAME runs on a deployed federation: NAME must be a connection of flwr's
+    config.toml; anything else is one line, before anything is written or started."""
+    home = tmp_path / "flwr-home"
+    home.mkdir()
+    (home / "config.toml").write_text('[superlink.federation]\naddress = "127.0.0.1:9091"\n'
+                                      '[superlink.local]\naddress = ":local:"\n')
+    out = subprocess.run([driftfl_bin(), "run", "superlink=fedration", "hydra.run.dir=new/run"],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "FLWR_HOME": str(home)})
+    assert out.returncode == 2
+    assert out.stderr.strip() == (
+        f"driftfl: error: superlink=fedration: {home / 'config.toml'} has no "
+        "[superlink.fedration] connection; valid: federation, local (README, Deployment, "
+        "shows one)")
+    assert not (tmp_path / "new").exists()
 
 
 def test_refused_run_leaves_no_empty_run_directory(tmp_path):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shlex
 import signal
 import subprocess
 import tempfile
@@ -261,8 +262,8 @@ def test_a_node_killed_in_round_two_is_counted_lost_and_rejoins_when_restarted(
         tmp_path, fmnist_available):
     """Three SuperNodes; one SIGKILLed in round 2 and started again. Round 2 finishes with the
     others (Flower turns the dead node's message into an error reply after missed heartbeats),
-    metrics name the lost partition, and the restarted node, under a new node id, is surveyed
-    and trains again under its partition."""
+    metrics name the lost partition, and the restarted node (its key registered, so its node id
+    the same) is back and trains again under its partition."""
     nodes = [f"dataset='fmnist' partition-id={i} num-partitions=3" for i in range(3)]
     run_dir = tmp_path / "run"
     output = tmp_path / "flwr-run.log"
@@ -293,42 +294,46 @@ def test_a_node_killed_in_round_two_is_counted_lost_and_rejoins_when_restarted(
     assert [r["lost_partitions"] for r in rows[1:]] == ["", "2", "", ""]
     assert all(r["rejected"] == 0 and r["model_updated"] == 1 for r in rows[1:])
     assert rows[-1]["test_accuracy"] > rows[0]["test_accuracy"] + 0.3, rows
-    assert "lost: partition(s) 2" in out and "partition 2 rejoined as node" in out
+    # node authentication ties a node's id to its key: restarted, it is the same node again
+    assert "lost: partition(s) 2" in out and "round 3: partition 2 is back (node" in out
 
 
 def test_simulation_and_deployment_train_the_same_bytes_also_across_a_superlink_restart(
         tmp_path, fmnist_available):
     """The same experiment and seed in Flower's simulation and across real SuperNodes: the
     same partitions, the same order of sums, the same torch thread count, the same model. The
-    deployed run's SuperLink is stopped after a round and started again on its database; the
-    SuperNodes reconnect and the run, resumed, ends with the same bytes."""
-    overrides = ("strategy=fedcsd model=mlp dataset.subset=3000 dataset.test_subset=1000 "
-                 "num_clients=2 rounds=3 seed=3")
+    deployed run (`driftfl run superlink=...`) loses its SuperLink after a round: driftfl
+    exits non-zero saying how to go on; the SuperLink starts again on its database, the
+    SuperNodes reconnect, and the resumed run ends with the same bytes."""
+    overrides = ["strategy=fedcsd", "model=mlp", "dataset.subset=3000", "dataset.test_subset=1000",
+                 "num_clients=2", "rounds=3", "seed=3"]
     simulated, deployed = tmp_path / "simulated", tmp_path / "deployed"
-    out = subprocess.run([driftfl_bin(), "run", *overrides.split(),
-                          f"hydra.run.dir={simulated}"],
+    out = subprocess.run([driftfl_bin(), "run", *overrides, f"hydra.run.dir={simulated}"],
                          cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     nodes = [f"dataset='fmnist' partition-id={i} num-partitions=2" for i in range(2)]
+    on_federation = [driftfl_bin(), "run", "superlink=deployment", *overrides, "node_wait=120"]
     with deployment(nodes, tmp_path) as cluster:
-        first = subprocess.Popen(cluster.command(f"{overrides} node_wait=120", deployed),
+        first = subprocess.Popen([*on_federation, f"hydra.run.dir={deployed}"], cwd=tmp_path,
                                  env=cluster.env, stdout=subprocess.DEVNULL,
-                                 stderr=subprocess.DEVNULL)
+                                 stderr=subprocess.PIPE, text=True)
         deadline = time.monotonic() + 600
         while not (deployed / "checkpoint.pt").exists():  # a round is done
             assert first.poll() is None and time.monotonic() < deadline
             time.sleep(0.2)
         stop(cluster.superlink)
-        first.wait(timeout=120)
+        stopped = first.communicate(timeout=120)[1]
         assert not (deployed / "summary.json").exists()
+        assert first.returncode == 1, stopped
+        # the line that says how to go on: run as it says, once the SuperLink is back
+        again = stopped.rsplit("go on with: ", 1)[1].strip()
+        assert again.startswith("driftfl run ") and f"resume={deployed}" in again, stopped
         cluster.start_superlink()
-        out = subprocess.run(
-            [*cluster.command(f"{overrides} node_wait=120", deployed)[:-1],
-             cluster.command(f"{overrides} node_wait=120", deployed)[-1] + " resume=true"],
-            env=cluster.env, capture_output=True, text=True, timeout=900)
+        out = subprocess.run([driftfl_bin(), *shlex.split(again)[1:]], cwd=tmp_path,
+                             env=cluster.env, capture_output=True, text=True, timeout=900)
         assert all(node.poll() is None for node in cluster.nodes.values())  # reconnected
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "driftfl: resuming" in out.stdout, out.stdout[-3000:] + out.stderr[-3000:]
-    assert (deployed / "summary.json").is_file(), out.stdout[-3000:] + out.stderr[-3000:]
     rows = [json.loads((d / "metrics.json").read_text())["rounds"] for d in (simulated, deployed)]
     assert [r["test_accuracy"] for r in rows[0]] == [r["test_accuracy"] for r in rows[1]]
     assert (simulated / "model.pt").read_bytes() == (deployed / "model.pt").read_bytes()

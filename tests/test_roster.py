@@ -72,8 +72,10 @@ def test_too_few_clients_left_stop_the_run_with_one_line():
 def test_a_restarted_node_is_surveyed_and_takes_its_partition_back(capsys):
     grid = ChangingGrid([10, 11, 99], [summary_reply(99, 2, 5, [1, 1, 3])])
     clients, met = roster(grid)
-    assert clients.nodes(3) == [10, 11, 99]
-    assert grid.asked == [99] and "partition 2 rejoined as node 99" in capsys.readouterr().out
+    assert clients.nodes(3, lost=[12]) == [10, 11, 99]
+    out = capsys.readouterr().out
+    assert grid.asked == [99] and "partition 2 rejoined as node 99" in out
+    assert "is back" not in out  # a new node id: rejoined, said once
     clients_now, moved = met[-1]
     assert [(c["partition_id"], c["node_id"]) for c in clients_now] == [(0, 10), (1, 11), (2, 99)]
     assert moved == {12: 99}  # state kept by node id follows the partition
@@ -99,3 +101,19 @@ def test_a_node_that_sent_nothing_back_is_lost_not_rejected_and_not_used():
     assert [u.node_id for u in updates] == [10, 11]
     assert strategy.report.lost == ["2"] and strategy.report.rejected == []
     assert np.array_equal(strategy.global_arrays["w"], GLOBAL["w"])
+
+
+def test_a_client_whose_node_id_connects_again_is_back_without_a_new_survey(capsys):
+    """With node authentication a restarted SuperNode keeps its node id (it is its key's):
+    the client is back as it was, with nothing to survey, whether Flower listed it as gone
+    before the next round or it was back already (only its lost reply tells)."""
+    grid = ChangingGrid([10, 11])
+    clients, met = roster(grid)
+    assert clients.nodes(2) == [10, 11]
+    grid.connected = [10, 11, 12]
+    assert clients.nodes(3) == [10, 11, 12]
+    assert "round 3: partition 2 is back (node 12)" in capsys.readouterr().out
+    assert clients.nodes(4, lost=[11]) == [10, 11, 12]  # restarted within the round
+    assert "round 4: partition 1 is back (node 11)" in capsys.readouterr().out
+    assert grid.asked == [] and met == []  # no survey, no partition moved
+    assert clients.nodes(5) == [10, 11, 12] and "is back" not in capsys.readouterr().out

@@ -84,9 +84,20 @@ class ExperimentConfig(Settings):
     min_clients: int = Field(1, ge=1)
     rejoin_wait: float = Field(60.0, ge=0)
     simulation: SimulationSettings = SimulationSettings()
+    # a deployed federation to run on: the name of a SuperLink connection in flwr's
+    # config.toml ($FLWR_HOME, ~/.flwr); None: a private local simulation
+    superlink: str | None = None
     tracker: Literal["none", "tensorboard"] = "none"  # also stream per-round metrics there
     label: str
     verbose: bool = False
+
+    @field_validator("superlink")
+    @classmethod
+    def _a_connection_name(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(r"[A-Za-z0-9_\-]+", value):
+            raise ValueError("must name a SuperLink connection of ~/.flwr/config.toml "
+                             "(letters, digits, - and _)")
+        return value
 
     def to_json(self) -> str:
         return self.model_dump_json()

@@ -31,7 +31,8 @@ TRANSIENT = frozenset({"roster", "last_updates", "report"})
 # settings that change how a run is carried out, not what it computes (a simulated client's
 # cores do: they are its torch threads)
 OPERATIONAL = frozenset({"verbose", "tracker", "node_wait", "round_timeout", "min_clients",
-                         "rejoin_wait", "simulation.ray_address", "simulation.client_gpus"})
+                         "rejoin_wait", "simulation.ray_address", "simulation.client_gpus",
+                         "superlink"})
 
 
 def save(run_dir: Path, server_round: int, arrays: dict[str, np.ndarray], strategy,

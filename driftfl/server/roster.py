@@ -3,9 +3,10 @@
 A SuperNode that dies mid-round becomes an error reply (Flower waits two missed heartbeats),
 and the round finishes with the others. Before each later round the roster
 
-- surveys every node that connected since (a restarted SuperNode gets a new node id): one that
-  claims the partition of a client no longer connected takes its place, one that claims a
-  partition a connected node holds is refused;
+- surveys every node that connected since (a restarted SuperNode gets a new node id, unless
+  node authentication ties its id to its key): one that claims the partition of a client no
+  longer connected takes its place, one that claims a partition a connected node holds is
+  refused; a client whose node id is connected again is back;
 - waits up to ``rejoin_wait`` seconds, once per loss, for missing clients to come back;
 - goes on with the clients that are connected, or stops the run with one line when fewer than
   ``min_clients`` are.
@@ -41,9 +42,12 @@ class Roster:
         self.waited: set[str] = set()  # missing clients already waited for once
         self.missing: list[str] = []  # as the last call found them
 
-    def nodes(self, server_round: int) -> list[int]:
+    def nodes(self, server_round: int, lost: list[int] = ()) -> list[int]:
         """The node ids of the clients connected now, after surveying newcomers; stops the run
-        (ConfigError) when fewer than ``min_clients`` are connected."""
+        (ConfigError) when fewer than ``min_clients`` are connected. ``lost``: the nodes whose
+        reply the last round lost (one that is connected again is back)."""
+        gone = {c["node_id"] for c in self.clients
+                if name(c) in self.missing or c["node_id"] in lost}
         deadline = time.monotonic() + self.rejoin_wait
         while True:
             connected = set(self.grid.get_node_ids())
@@ -62,7 +66,12 @@ class Roster:
                 f"round {server_round}: only {len(present)} of {len(self.clients)} clients are "
                 f"connected ({describe(missing)} lost), fewer than min_clients="
                 f"{self.min_clients}; restart their SuperNodes, or lower min_clients")
-        if missing and missing != self.missing:  # once per change, not per call
+        for back in [c for c in self.clients if c["node_id"] in gone and name(c) not in missing]:
+            # the same node id again (an authenticated node restarted with its key); one that
+            # came back with a new id rejoined above
+            print(f"round {server_round}: {name(back)} is back (node {back['node_id']})",
+                  flush=True)
+        if missing and set(missing) != set(self.missing):  # once per change, not per call
             print(f"round {server_round}: going on with {len(present)} of {len(self.clients)} "
                   f"clients; {describe(missing)} missing", flush=True)
         self.missing = missing

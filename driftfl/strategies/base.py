@@ -64,6 +64,7 @@ class RoundReport:
     rejected: list[str] = field(default_factory=list)  # "partition 3 (node 81...): reason"
     rejected_partitions: list[str] = field(default_factory=list)  # as client_name gives them
     lost: list[str] = field(default_factory=list)  # sent a message, sent nothing back (client_name)
+    lost_nodes: list[int] = field(default_factory=list)  # their node ids
     refused_aggregate: str = ""  # why the aggregate did not replace the global model
     train_metrics: dict[str, float] = field(default_factory=dict)
     evaluate_metrics: dict[str, float] = field(default_factory=dict)
@@ -100,7 +101,8 @@ class DriftStrategy(FedAvg):
         self.trained: list[int] = []  # the nodes sent this round's train message
         # deployment: the connected clients' nodes for a round (Roster.nodes); None: wait for
         # min_available_nodes, as in simulation, where nodes are never lost
-        self.roster: Callable[[int], list[int]] | None = None
+        # deployment's roster: (round, nodes lost last round) -> the clients connected now
+        self.roster: Callable[[int, list[int]], list[int]] | None = None
 
     @classmethod
     def from_config(cls, cfg: ExperimentConfig, model: nn.Module,
@@ -156,7 +158,7 @@ class DriftStrategy(FedAvg):
 
     def available(self, server_round: int, grid: Grid) -> list[int]:
         """The surveyed nodes connected now, in rank order."""
-        nodes = (self.roster(server_round) if self.roster
+        nodes = (self.roster(server_round, self.report.lost_nodes) if self.roster
                  else wait_for_nodes(grid, self.min_available_nodes))
         return sorted(filter(self.usable, nodes), key=self.rank)
 
@@ -237,7 +239,8 @@ class DriftStrategy(FedAvg):
         replies = list(replies)
         # a node lost mid-round: no reply, or an error reply that the SuperLink sends in its name
         answered = {msg.metadata.src_node_id for msg in replies}
-        report.lost = [self.client_name(n) for n in self.trained if n not in answered]
+        report.lost_nodes = [n for n in self.trained if n not in answered]
+        report.lost = [self.client_name(n) for n in report.lost_nodes]
         for node in (n for n in self.trained if n not in answered):
             log(WARNING, "round reply from %s lost: the node sent nothing back (gone, or over "
                 "round_timeout)", self.describe(node))
