@@ -103,6 +103,18 @@ def _register(args) -> None:
         raise SystemExit(1)
 
 
+def _proxy(args) -> None:
+    from driftfl.deploy import proxy
+    from driftfl.deploy.credentials import CA_CERT, SERVER_CERT, SERVER_KEY
+
+    files = (args.folder / SERVER_CERT, args.folder / SERVER_KEY, args.folder / CA_CERT)
+    if args.print_config:
+        print(proxy.render(args.listen, args.superlink, *files, Path("/tmp/driftfl-fleet-proxy")),
+              end="")
+        return
+    raise SystemExit(proxy.serve(args.listen, args.superlink, *files))
+
+
 def main(argv: list[str]) -> None:
     args = _parser().parse_args(argv)
     try:
@@ -111,15 +123,7 @@ def main(argv: list[str]) -> None:
         elif args.step == "register":
             _register(args)
         else:
-            from driftfl.deploy import proxy
-
-            folder = args.folder
-            files = (folder / "superlink.crt", folder / "superlink.key", folder / "ca.crt")
-            if args.print_config:
-                print(proxy.render(args.listen, args.superlink, *files,
-                                   Path("/tmp/driftfl-fleet-proxy")), end="")
-                return
-            raise SystemExit(proxy.serve(args.listen, args.superlink, *files))
+            _proxy(args)
     except ConfigError as err:
         print(f"driftfl: error: {err}", file=sys.stderr)
         raise SystemExit(2) from None
