@@ -4,7 +4,7 @@
 # With --containers, also what the docker-compose demo's tests run it with where no Docker
 # engine is (podman, as these machines have it; see README, Deployment):
 #   - podman, runc, podman-compose, docker-compose (to validate compose files), debootstrap,
-#     netavark and aardvark-dns (containers find each other by service name, also on internal
+#     netavark, aardvark-dns and iptables (containers find each other by service name, also on internal
 #     networks)
 #   - $CONTAINERS_CONF (default ~/.cache/driftfl/containers.conf): runc, netavark, and the
 #     ulimits a container may set here
@@ -34,7 +34,7 @@ apt_install() {  # install the Debian packages that are missing
 apt_install nginx-light
 [ "${1:-}" = "--containers" ] || exit 0
 
-apt_install podman runc podman-compose docker-compose debootstrap netavark aardvark-dns
+apt_install podman runc podman-compose docker-compose debootstrap netavark aardvark-dns iptables
 export CONTAINERS_CONF=${CONTAINERS_CONF:-$HOME/.cache/driftfl/containers.conf}
 if [ ! -f "$CONTAINERS_CONF" ]; then
   mkdir -p "$(dirname "$CONTAINERS_CONF")"

@@ -105,7 +105,12 @@ def test_the_demo_trains_across_containers_with_tls_and_authentication(podman_en
     project = f"driftfl-test-{uuid.uuid4().hex[:6]}"
     try:
         up = _compose(env, project, "up", "-d")
-        assert up.returncode == 0, up.stdout[-3000:] + up.stderr[-3000:]
+        # podman-compose exits 0 even when a container could not start: ask podman
+        states = _podman(env, "ps", "-a", "--filter", f"label=io.podman.compose.project={project}",
+                         "--format", "{{.Names}} {{.Status}}").stdout.strip().split("\n")
+        failed = [s for s in states if not s.split(" ", 1)[-1].startswith(("Up", "Exited (0)"))]
+        assert up.returncode == 0 and len(states) == 7 and not failed, (
+            f"not started: {failed}\n" + up.stdout[-3000:] + up.stderr[-3000:])
         _wait_for_log(env, f"{project}_operator_1", "nodes registered", 300)
         for i in range(3):
             _wait_for_log(env, f"{project}_supernode-{i}_1", "SuperNode ID", 300)
