@@ -1,30 +1,38 @@
 #!/usr/bin/env bash
 # One table of every method (docs/results.md, "Every method"): the fmnist_label_skew setting
 # (LeNet-5, 10 clients all taking part, 20 rounds x 5 local epochs), pathological #C=2 over
-# seeds 0-2 and Dirichlet(0.1) over seed 0. 18 rows x 4 runs = 72 runs of 4.5-7 minutes: about
-# 7 hours on 2 cores. Runs already in the output directory (a summary.json) are kept, so the
-# script can be stopped and started again; pass earlier tables' directories to `driftfl report`
-# alongside where their runs are reused.
+# seeds 0-2 and Dirichlet(0.1) over seed 0. 18 rows x 4 runs = 72 runs of 4.5-10 minutes: about
+# 8 hours on 2 cores, in the order seed 0 of #C=2, seed 0 of Dirichlet(0.1), seeds 1-2 of #C=2.
+#
+# Each finished run's small files (config.yaml, metrics.json, metrics.csv, summary.json) are
+# kept in the repository under docs/results/all-methods/<partition>/<label>/seed<k>, and a run
+# kept there is not run again: the table can be stopped, committed and finished later, on
+# another machine. Whole run directories (model.pt, checkpoint.pt, plots) go to the output dir.
 #   bash benchmarks/all_methods_table.sh [output dir]
+#   driftfl report docs/results/all-methods --by partition.name,label --target fedavg
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-$HOME/driftfl-results/all-methods}
+KEEP=docs/results/all-methods
 DRIFTFL=.venv/bin/driftfl
 METHODS="fedavg fedprox fedavgm fednova feddisco scaffold feddyn moon fedproto fedcurv fedlsd
-         fedntd fedgkd fedcsd fedssd fedcad dcfl"
-run() {  # <partition dir> <seed> <label> <overrides...>
-  local dir="$OUT/$1/$3/seed$2" part=$1 seed=$2 label=$3
-  shift 3
-  [[ -f $dir/summary.json ]] && return
-  local skew=partition=pathological
+         fedntd fedgkd fedcsd fedcsd-code fedssd fedcad dcfl"
+run() {  # <partition dir> <seed> <label>
+  local part=$1 seed=$2 label=$3
+  local dir="$OUT/$part/$label/seed$seed" kept="$KEEP/$part/$label/seed$seed"
+  [[ -f $kept/summary.json ]] && return
+  local skew=partition=pathological experiment="+experiment=fmnist_label_skew strategy=$label"
   [[ $part == dirichlet ]] && skew=partition.alpha=0.1
-  $DRIFTFL run "$skew" seed="$seed" label="$label" "$@" hydra.run.dir="$dir"
+  [[ $label == fedcsd-code ]] && experiment="+experiment=[fmnist_label_skew,fedcsd_code]"
+  # shellcheck disable=SC2086  # the experiment's overrides are words
+  $DRIFTFL run "$skew" seed="$seed" label="$label" $experiment hydra.run.dir="$dir"
+  mkdir -p "$kept"
+  cp "$dir"/{config.yaml,metrics.json,metrics.csv,summary.json} "$kept"/
 }
 for part_seed in "pathological 0" "dirichlet 0" "pathological 1" "pathological 2"; do
   read -r part seed <<<"$part_seed"
   for method in $METHODS; do
-    run "$part" "$seed" "$method" +experiment=fmnist_label_skew strategy="$method"
+    run "$part" "$seed" "$method"
   done
-  run "$part" "$seed" fedcsd-code "+experiment=[fmnist_label_skew,fedcsd_code]"
 done
-$DRIFTFL report "$OUT" --by partition.name,label --target fedavg --out "$OUT"
+$DRIFTFL report "$KEEP" --by partition.name,label --target fedavg --out "$OUT"
