@@ -4,7 +4,7 @@
 # seeds 0-2 and Dirichlet(0.1) over seed 0. 18 rows x 4 runs = 72 runs of 4.5-10 minutes: about
 # 8 hours on 2 cores, in the order seed 0 of #C=2, seed 0 of Dirichlet(0.1), seeds 1-2 of #C=2.
 #
-# Each finished run's small files (config.yaml, metrics.json, metrics.csv, summary.json) are
+# Each finished run's small files (config.yaml, meta.json with the commit, metrics.json, metrics.csv, summary.json) are
 # kept in the repository under docs/results/all-methods/<partition>/<label>/seed<k>, and a run
 # kept there is not run again: the table can be stopped, committed and finished later, on
 # another machine. Whole run directories (model.pt, checkpoint.pt, plots) go to the output dir.
@@ -27,7 +27,7 @@ run() {  # <partition dir> <seed> <label>
   # shellcheck disable=SC2086  # the experiment's overrides are words
   $DRIFTFL run "$skew" seed="$seed" label="$label" $experiment hydra.run.dir="$dir"
   mkdir -p "$kept"
-  cp "$dir"/{config.yaml,metrics.json,metrics.csv,summary.json} "$kept"/
+  cp "$dir"/{config.yaml,meta.json,metrics.json,metrics.csv,summary.json} "$kept"/
 }
 for part_seed in "pathological 0" "dirichlet 0" "pathological 1" "pathological 2"; do
   read -r part seed <<<"$part_seed"
