@@ -4,10 +4,11 @@
 # seeds 0-2 and Dirichlet(0.1) over seed 0. 18 rows x 4 runs = 72 runs of 4.5-10 minutes: about
 # 8 hours on 2 cores, in the order seed 0 of #C=2, seed 0 of Dirichlet(0.1), seeds 1-2 of #C=2.
 #
-# Each finished run's small files (config.yaml, meta.json with the commit, metrics.json, metrics.csv, summary.json) are
-# kept in the repository under docs/results/all-methods/<partition>/<label>/seed<k>, and a run
-# kept there is not run again: the table can be stopped, committed and finished later, on
-# another machine. Whole run directories (model.pt, checkpoint.pt, plots) go to the output dir.
+# Each finished run's small files (config.yaml, meta.json with its commit, metrics.json,
+# metrics.csv, summary.json) are kept in the repository under
+# docs/results/all-methods/<partition>/<label>/seed<k>, and a run kept there is not run again:
+# the table can be stopped, committed and finished later, on another machine. Whole run
+# directories (model.pt, checkpoint.pt, plots) go to the output dir.
 #   bash benchmarks/all_methods_table.sh [output dir]
 #   driftfl report docs/results/all-methods --by partition.name,label --target fedavg
 set -euo pipefail
