@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # One table of every method (docs/results.md, "Every method"): the fmnist_label_skew setting
 # (LeNet-5, 10 clients all taking part, 20 rounds x 5 local epochs), pathological #C=2 over
-# seeds 0-2 and Dirichlet(0.1) over seed 0. 18 rows x 4 runs = 72 runs of 4.5-10 minutes: about
-# 8 hours on 2 cores, in the order seed 0 of #C=2, seed 0 of Dirichlet(0.1), seeds 1-2 of #C=2.
+# seeds 0-2 and Dirichlet(0.1) over seed 0. 18 rows x 4 runs = 72 runs of 3-7.5 minutes (5 on
+# average on 2 cores): about 6 hours, in the order seed 0 of #C=2, seed 0 of Dirichlet(0.1),
+# seeds 1-2 of #C=2.
 #
 # Each finished run's small files (config.yaml, meta.json with its commit, metrics.json,
 # metrics.csv, summary.json) are kept in the repository under

@@ -4,8 +4,8 @@
 # With --containers, also what the docker-compose demo's tests run it with where no Docker
 # engine is (podman, as these machines have it; see README, Deployment):
 #   - podman, runc, podman-compose, docker-compose (to validate compose files), debootstrap,
-#     netavark, aardvark-dns and iptables (containers find each other by service name, also on internal
-#     networks)
+#     netavark and aardvark-dns (containers find each other by service name, also on internal
+#     networks), iptables (netavark cannot start a container on a network without it)
 #   - $CONTAINERS_CONF (default ~/.cache/driftfl/containers.conf): runc, netavark, and the
 #     ulimits a container may set here
 #   - localhost/debian:bookworm, a minimal Debian image made offline with debootstrap from the

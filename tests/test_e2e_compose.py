@@ -84,6 +84,13 @@ def _podman(env, *args: str, timeout: float = 120) -> subprocess.CompletedProces
                           timeout=timeout)
 
 
+def _containers(env, project: str) -> list[str]:
+    """`<name> <status>` of each of the project's containers, running or not."""
+    listed = _podman(env, "ps", "-a", "--filter", f"label=io.podman.compose.project={project}",
+                     "--format", "{{.Names}} {{.Status}}").stdout
+    return listed.strip().splitlines()
+
+
 def _wait_for_log(env, container: str, text: str, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while text not in (log := _podman(env, "logs", container).stdout
@@ -106,8 +113,7 @@ def test_the_demo_trains_across_containers_with_tls_and_authentication(podman_en
     try:
         up = _compose(env, project, "up", "-d")
         # podman-compose exits 0 even when a container could not start: ask podman
-        states = _podman(env, "ps", "-a", "--filter", f"label=io.podman.compose.project={project}",
-                         "--format", "{{.Names}} {{.Status}}").stdout.strip().split("\n")
+        states = _containers(env, project)
         failed = [s for s in states if not s.split(" ", 1)[-1].startswith(("Up", "Exited (0)"))]
         assert up.returncode == 0 and len(states) == 7 and not failed, (
             f"not started: {failed}\n" + up.stdout[-3000:] + up.stderr[-3000:])
@@ -166,10 +172,9 @@ print(k.public_bytes(s.Encoding.OpenSSH, s.PublicFormat.OpenSSH).decode())")
         assert sum(map(sum, shares)) == 6000 and all(c["partition_id"] == -1 for c in clients)
     finally:
         down = _compose(env, project, "down", "-v")
-        left = _podman(env, "ps", "-a", "--filter", f"label=io.podman.compose.project={project}",
-                       "--format", "{{.Names}}").stdout.strip()
+        left = _containers(env, project)
         volumes = _podman(env, "volume", "ls", "--format", "{{.Name}}").stdout.split()
         for net in ("setup", "private", "fleet"):
             _podman(env, "network", "rm", f"{project}_{net}")
-    assert down.returncode == 0 and not left, down.stdout[-2000:] + left
+    assert down.returncode == 0 and not left, down.stdout[-2000:] + "\n".join(left)
     assert not [v for v in volumes if v.startswith(project)], volumes
