@@ -136,6 +136,7 @@ def refusal(args: list[str]) -> str | None:
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     from driftfl.common.config import compose, conf_dir
+    from driftfl.launch import check_destination
     from driftfl.methods import check_experiment
 
     words = [a for a in args if "=" in a and not a.startswith("-")]
@@ -150,7 +151,7 @@ def refusal(args: list[str]) -> str | None:
                for o, values in zip(overrides, options)]
     for combination in itertools.islice(itertools.product(*options), 100):
         try:
-            check_experiment(compose(list(combination)))
+            check_destination(check_experiment(compose(list(combination))))
         except ConfigError as err:
             return str(err)
     return None

@@ -122,15 +122,30 @@ def check_launch(overrides: list[str], run_dir: Path, ray_address: str | None = 
     _tool("flower-superlink")
     _tool("flwr")
     run_config_arg(overrides, run_dir)
-    if ray_address and ray_address != "auto":
-        host, port = ray_address.rsplit(":", 1)
-        try:
-            socket.create_connection((host, int(port)), timeout=5).close()
-        except OSError as err:
-            raise ConfigError(
-                f"no Ray cluster answers at simulation.ray_address={ray_address} ({err}); start "
-                f"one with `ray start --head --port={port}` on {host}, or drop the setting "
-                "to run on a private Ray instance") from None
+    check_ray_address(ray_address)
+
+
+def check_ray_address(ray_address: str | None) -> None:
+    """Refuse a Ray cluster that does not answer (None and "auto": nothing to check)."""
+    if not ray_address or ray_address == "auto":
+        return
+    host, port = ray_address.rsplit(":", 1)
+    try:
+        socket.create_connection((host, int(port)), timeout=5).close()
+    except OSError as err:
+        raise ConfigError(
+            f"no Ray cluster answers at simulation.ray_address={ray_address} ({err}); start "
+            f"one with `ray start --head --port={port}` on {host}, or drop the setting "
+            "to run on a private Ray instance") from None
+
+
+def check_destination(cfg: ExperimentConfig) -> None:
+    """Refuse a run whose federation (``superlink``) or Ray cluster cannot be reached from
+    here, so that a sweep is refused before Hydra writes its directory."""
+    if cfg.superlink:
+        check_connection(cfg.superlink)
+    else:
+        check_ray_address(cfg.simulation.ray_address)
 
 
 def _exit_on_sigterm(signum, frame):

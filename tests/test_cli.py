@@ -133,6 +133,30 @@ def test_a_federation_flwr_does_not_know_is_refused_listing_the_ones_it_does(tmp
     assert not (tmp_path / "new").exists()
 
 
+def test_a_sweep_to_a_place_that_cannot_be_reached_is_refused_before_anything_is_written(
+        tmp_path):
+    """A Ray cluster that does not answer, or a federation flwr does not know: one line, and no
+    sweep directory (not even Hydra's multirun.yaml), whichever launcher runs the jobs."""
+    from driftfl.launch import free_port
+
+    port = free_port()  # nothing listens there
+    home = tmp_path / "flwr-home"
+    home.mkdir()
+    for target, message in (
+            (f"simulation.ray_address=127.0.0.1:{port}",
+             f"driftfl: error: no Ray cluster answers at simulation.ray_address=127.0.0.1:{port} ("),
+            ("superlink=nowhere", "driftfl: error: superlink=nowhere: "
+                                  f"{home / 'config.toml'} has no [superlink.nowhere] connection")):
+        for launcher in ([], ["hydra/launcher=joblib", "hydra.launcher.n_jobs=2"]):
+            out = subprocess.run(
+                [driftfl_bin(), "run", "-m", "seed=0,1", target, *launcher,
+                 "hydra.sweep.dir=sweep"], cwd=tmp_path, capture_output=True, text=True,
+                timeout=300, env={**os.environ, "FLWR_HOME": str(home)})
+            assert out.returncode == 2 and out.stderr.startswith(message), out.stderr
+            assert out.stderr.count("\n") == 1 and out.stdout == ""
+            assert [p.name for p in tmp_path.iterdir()] == ["flwr-home"]
+
+
 def test_refused_run_leaves_no_empty_run_directory(tmp_path):
     out = driftfl("run", f"dataset.root={tmp_path / 'nothing'}", "hydra.run.dir=new/run",
                   cwd=tmp_path)
