@@ -65,6 +65,22 @@ def test_recorder_writes_csv_json_plot_and_model(tmp_path):
     assert (run / "accuracy.png").stat().st_size > 1000 and (run / "model.pt").is_file()
 
 
+def test_partition_json_follows_a_partition_to_the_node_that_took_it_back(tmp_path):
+    recorder = RunRecorder(tmp_path / "run", compose(["rounds=1"]), run_id=7)
+    clients = [{"node_id": 10 + p, "partition_id": p, "num_examples": 5} for p in range(3)]
+    recorder.partition({"seed": 0, "clients": clients})
+    path = tmp_path / "run" / "partition.json"
+    assert json.loads(path.read_text()) == {"seed": 0, "clients": clients, "node_changes": []}
+    recorder.clients_moved([*clients[:2], {**clients[2], "node_id": 99}], {12: 99})
+    recorder.clients_moved([{**clients[0], "node_id": 77}, clients[1],
+                            {**clients[2], "node_id": 99}], {10: 77})
+    written = json.loads(path.read_text())
+    assert [(c["partition_id"], c["node_id"]) for c in written["clients"]] == [
+        (0, 77), (1, 11), (2, 99)]
+    assert written["node_changes"] == [{"partition_id": 2, "from_node": 12, "to_node": 99},
+                                       {"partition_id": 0, "from_node": 10, "to_node": 77}]
+
+
 def test_partition_table_switches_to_top_classes_when_wide():
     narrow = console.partition_table(
         [{"partition_id": 0, "num_examples": 3, "label_histogram": [1, 2]}], ["a", "b"], "t")

@@ -84,13 +84,18 @@ def run_experiment(grid: Grid, experiment: Experiment, run_dir: Path, run_id: in
     if saved:
         checkpoint.restore(strategy, saved, clients)
     strategy.meet(clients)
+
+    def clients_moved(now: list[dict], moved: dict[int, int]) -> None:
+        strategy.rejoin(now, moved)
+        recorder.clients_moved(now, moved)
+
     if not isinstance(grid, InMemoryGrid):
         print(f"driftfl: each round is saved in {run_dir / checkpoint.CHECKPOINT}; should the "
               "run stop, add resume=true to the same run config to go on", flush=True)
         strategy.roster = Roster(metered, experiment_record, clients,
                                  num_partitions=cfg.num_clients, min_clients=cfg.min_clients,
                                  rejoin_wait=cfg.rejoin_wait, timeout=cfg.round_timeout,
-                                 on_change=strategy.rejoin).nodes
+                                 on_change=clients_moved).nodes
     title = (f"{cfg.strategy.name} on {cfg.dataset.name}, {describe(cfg.partition)}, "
              f"{len(clients)} clients, {cfg.model.name}")
     print(console.partition_table(clients, list(experiment.data.classes), title), flush=True)

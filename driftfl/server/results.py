@@ -106,7 +106,19 @@ class RunRecorder:
         (self.dir / name).write_text(json.dumps(_json_safe(payload), indent=2) + "\n")
 
     def partition(self, summary: dict) -> None:
-        self._write_json("partition.json", summary)
+        """partition.json: the data, the split and which node holds each client's share."""
+        self.partition_summary = {**summary, "node_changes": []}
+        self._write_json("partition.json", self.partition_summary)
+
+    def clients_moved(self, clients: list[dict], moved: dict[int, int]) -> None:
+        """Restarted nodes took their partitions back under new node ids (old -> new):
+        partition.json names the node holding each partition now, and every change."""
+        partition_of = {c["node_id"]: c["partition_id"] for c in clients}
+        self.partition_summary["clients"] = clients
+        self.partition_summary["node_changes"] += [
+            {"partition_id": partition_of[new], "from_node": old, "to_node": new}
+            for old, new in moved.items()]
+        self._write_json("partition.json", self.partition_summary)
 
     def add_round(self, row: dict) -> None:
         self.rows.append(row)
