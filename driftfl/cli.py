@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import itertools
+import shlex
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -132,7 +133,7 @@ def refusal(args: list[str]) -> str | None:
     """The first problem in these overrides, found before Hydra writes anything or prints its
     own advice (`+roundz=3` for a typo): every combination of swept config groups is composed
     and checked, a swept value at its first value. None when all is well, or when Hydra should
-    speak for itself (overrides it cannot parse, glob sweeps)."""
+    speak for itself (glob sweeps)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     from driftfl.common.config import compose, conf_dir
@@ -140,8 +141,12 @@ def refusal(args: list[str]) -> str | None:
     from driftfl.methods import check_experiment
 
     words = [a for a in args if "=" in a and not a.startswith("-")]
+    parser = OverridesParser.create()
+    for word in words:
+        if problem := unparsable(parser, word):
+            return problem
     try:
-        overrides = [o for o in OverridesParser.create().parse_overrides(words)
+        overrides = [o for o in parser.parse_overrides(words)
                      if not o.key_or_group.startswith("hydra")]
         options = [[f"{o.get_key_element()}={v}" for v in o.sweep_string_iterator()]
                    if o.is_sweep_override() else [o.input_line] for o in overrides]
@@ -154,6 +159,25 @@ def refusal(args: list[str]) -> str | None:
             check_destination(check_experiment(compose(list(combination))))
         except ConfigError as err:
             return str(err)
+    return None
+
+
+def unparsable(parser, word: str) -> str | None:
+    """Why Hydra's override grammar cannot read ``word``, in one line with the quoting that
+    reads it; None when it can."""
+    from hydra.errors import OverrideParseException
+
+    try:
+        parser.parse_overrides([word])
+    except OverrideParseException:
+        key, value = word.split("=", 1)
+        example = (f"; in bash: {shlex.quote(f'{key}={quote}{value}{quote}')}"
+                   if (quote := next((q for q in "\"'" if q not in value), None)) else "")
+        return (f"cannot read the override {word}: Hydra's override grammar needs a value "
+                f"with quotes or unmatched brackets quoted{example} "
+                "(https://hydra.cc/docs/advanced/override_grammar/basic)")
+    except Exception:  # glob sweeps and the like: Hydra checks them itself
+        return None
     return None
 
 

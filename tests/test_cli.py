@@ -43,6 +43,11 @@ def test_bad_value_exits_2_with_one_line_and_no_run(override, message, tmp_path,
     # a sweep is checked for every swept method before any job runs
     (["-m", "strategy=fedntd,fedcsd", "strategy.tau=0,1"],
      "driftfl: error: strategy.tau must be > 0, got 0"),
+    # an override Hydra cannot parse: one line with the quoting that works, not Hydra's three
+    (["seed=1", "label=it's"],
+     "driftfl: error: cannot read the override label=it's: Hydra's override grammar needs a "
+     "value with quotes or unmatched brackets quoted; in bash: 'label=\"it'\"'\"'s\"' "
+     "(https://hydra.cc/docs/advanced/override_grammar/basic)"),
 ])
 def test_unknown_keys_and_bad_sweeps_are_refused_before_anything_is_written(args, message,
                                                                              tmp_path):
