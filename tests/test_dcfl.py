@@ -9,8 +9,9 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, Re
 
 from driftfl.common.config import compose
 from driftfl.common.errors import ConfigError
-from driftfl.common.protocol import (CONDENSED, CONFIG, DATASET_META, EXPERIMENT, NUM_EXAMPLES,
-                                     PROXIMAL_MU, model_to_arrays)
+from driftfl.common.models import build_model
+from driftfl.common.protocol import (CONDENSED, CONFIG, DATASET_META, EXPERIMENT, LOCAL_STEPS,
+                                     NUM_EXAMPLES, PROXIMAL_MU, model_to_arrays)
 from driftfl.methods import build_strategy, check_experiment
 from driftfl.server.app import survey_clients
 from driftfl.server.experiment import prepare_experiment
@@ -193,6 +194,23 @@ def test_a_bad_condensed_set_is_refused_with_its_reason(images, labels, reason, 
     assert not isinstance(good, str)
 
 
+@pytest.mark.parametrize("use, steps", [("finetune", 2 * 4 + 3 * 3), ("mix", 2 * 5)])
+def test_dcfl_expects_the_steps_of_both_stages_or_of_the_mixed_one(use, steps):
+    """100 local examples, 40 images sent: E_c = 2 epochs in batches of 32 (4 a pass), then
+    E_s = 3 in batches of 16 (3 a pass); mixed, 2 epochs of 140 in batches of 32 (5 a pass).
+    A client sent nothing trains its local stage only."""
+    from driftfl.strategies.aggregation import ClientUpdate
+
+    cfg = check_experiment(compose(["strategy=dcfl", "model=mlp", "local_epochs=2",
+                                    "batch_size=32", "strategy.finetune_epochs=3",
+                                    "strategy.finetune_batch_size=16",
+                                    f"strategy.condensed_use={use}"]))
+    strategy = build_strategy(cfg, build_model(cfg.model, (1, 28, 28), 10), None)
+    strategy.sent_images = {7: 40}
+    claim = lambda node: ClientUpdate(node, {}, {NUM_EXAMPLES: 100.0}, None)
+    assert strategy.local_steps(claim(7)) == steps and strategy.local_steps(claim(8)) == 8
+
+
 def test_a_reply_with_a_bad_condensed_set_changes_no_dcfl_state(fmnist_available, server_task):
     strategy, _, _ = run_rounds(["strategy=dcfl", *TINY, "strategy.pretrain_requests=0"], 1)
     before = (list(strategy.explored), dict(strategy.store))
@@ -202,6 +220,7 @@ def test_a_reply_with_a_bad_condensed_set_changes_no_dcfl_state(fmnist_available
 
     # a reply that passed the common checks, from a node asked to condense
     bad = condensed_reply(np.full((2, 1, 28, 28), np.nan, np.float32), np.zeros(2, np.int64))
-    update = ClientUpdate(999, {}, {NUM_EXAMPLES: 10.0}, bad)
+    steps = float(strategy.local_training.steps(10))
+    update = ClientUpdate(999, {}, {NUM_EXAMPLES: 10.0, LOCAL_STEPS: steps}, bad)
     assert "NaN" in strategy.reject(update)
     assert (strategy.explored, strategy.store) == before

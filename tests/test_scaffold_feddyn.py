@@ -179,8 +179,10 @@ def test_scaffold_keeps_c_k_plus_and_replies_its_change(momentum, divisor):
 # --- SCAFFOLD: the server -------------------------------------------------------------------
 
 def scaffold_strategy(*overrides, clients=4):
+    """Clients train 1 epoch in batches of 3: 10 examples make 4 steps, 30 make 10."""
     cfg = check_experiment(compose(["strategy=scaffold", f"num_clients={clients}", "lr=0.1",
-                                    "momentum=0.5", *overrides]))
+                                    "momentum=0.5", "local_epochs=1", "batch_size=3",
+                                    *overrides]))
     model = tiny_model()
     strategy = build_strategy(cfg, model)
     weights = {k: v.detach().numpy().copy() for k, v in model.state_dict().items()}
@@ -209,7 +211,7 @@ def test_scaffold_sends_c_and_adds_the_sum_of_the_changes_over_k(server_task):
         assert set(control.keys()) == set(strategy.param_keys)
         assert not any(control[k].numpy().any() for k in control.keys())
     r1, d1 = honest(strategy, weights, 1, 0.01)
-    r2, d2 = honest(strategy, weights, 2, -0.02, steps=7, n=30)
+    r2, d2 = honest(strategy, weights, 2, -0.02, steps=10, n=30)
     arrays, _ = strategy.aggregate_train(1, [r1, r2])
     assert strategy.report.rejected == [] and arrays is not None
     for k in strategy.param_keys:  # c + (|S|/K) mean = c + (1/K) sum, K = 4
@@ -261,7 +263,8 @@ def test_scaffold_refuses_forged_or_inconsistent_control_deltas_and_leaves_c_unc
         4: (forged(4, change=lambda v: v.astype(np.float64)), "float64"),
         5: (forged(5, change=nan), "NaN or infinite"),
         6: (forged(6, change=lambda v: v * 1.01), "differs from -c + (w_G - w_k)/(a_k lr)"),
-        7: (with_steps(7, 5), "differs from"),
+        7: (with_steps(7, 5), "'local-steps' is 5, but 1 epoch of its 10 examples in batches "
+                              "of 3 make 4"),
     }
     extra = forged(8)
     extra.content[CONTROL_DELTA]["extra"] = Array(np.zeros(1, np.float32))
@@ -292,12 +295,12 @@ def test_scaffold_tolerance_admits_float32_client_arithmetic(server_task):
     start_round(strategy, weights)
     model = {k: (v + rng.normal(scale=1e-3, size=v.shape)).astype(np.float32)
              for k, v in weights.items()}
-    scale = step_scale(9, strategy.lr, strategy.momentum)
+    scale = step_scale(4, strategy.lr, strategy.momentum)
     t = lambda a: {k: torch.from_numpy(np.asarray(a[k])) for k in strategy.param_keys}
     delta = control_delta(t(strategy.sent), t(weights), t(model), scale)
-    message = reply(1, model, steps=9, records={CONTROL_DELTA: {k: v.numpy()
+    message = reply(1, model, steps=4, records={CONTROL_DELTA: {k: v.numpy()
                                                                  for k, v in delta.items()}})
-    update = ClientUpdate(1, model, {NUM_EXAMPLES: 10.0, LOCAL_STEPS: 9.0}, message)
+    update = ClientUpdate(1, model, {NUM_EXAMPLES: 10.0, LOCAL_STEPS: 4.0}, message)
     assert strategy.reject(update) is None
     assert 1e-7 < CONTROL_TOLERANCE <= 1e-4
 

@@ -7,6 +7,7 @@ with plain cross-entropy to pre-train the initial model on condensed images. An 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Protocol
@@ -53,6 +54,16 @@ class TrainSettings:
     lr: float
     momentum: float
     weight_decay: float
+
+    def steps(self, num_examples: float) -> int:
+        """The SGD steps ``train_locally`` takes on this many examples: a step per batch, the
+        last batch of an epoch smaller."""
+        return self.epochs * math.ceil(num_examples / self.batch_size)
+
+    def describe(self, data: str) -> str:
+        """'3 epochs of <data> in batches of 64', for messages."""
+        return (f"{self.epochs} epoch{'s' * (self.epochs != 1)} of {data} in batches of "
+                f"{self.batch_size}")
 
 
 @dataclass(frozen=True)

@@ -36,8 +36,10 @@ from torch import nn
 
 from driftfl.common.config import ExperimentConfig
 from driftfl.common.errors import ConfigError
-from driftfl.common.protocol import ARRAYS, CONFIG, METHOD, METRICS, NUM_EXAMPLES, SERVER_ROUND
+from driftfl.common.protocol import (ARRAYS, CONFIG, LOCAL_STEPS, METHOD, METRICS, NUM_EXAMPLES,
+                                     SERVER_ROUND)
 from driftfl.common.settings import Settings
+from driftfl.common.training import TrainSettings
 
 from .aggregation import (Aggregation, ClientUpdate, check_reply, example_weights, mean_metrics,
                           norm_bound, read_metrics, to_numpy, to_record, update_norm)
@@ -79,12 +81,14 @@ class DriftStrategy(FedAvg):
     def __init__(self, *, selection: Selection | None = None,
                  aggregation: Aggregation | None = None, objective: str = "ce",
                  round_timeout: float = 3600.0, max_update_ratio: float = 10.0,
-                 **kwargs) -> None:
+                 local_training: TrainSettings | None = None, **kwargs) -> None:
         super().__init__(**kwargs)  # Flower's own settings (fraction_train, ...)
-        self.assemble(selection, aggregation, objective, round_timeout, max_update_ratio)
+        self.assemble(selection, aggregation, objective, round_timeout, max_update_ratio,
+                      local_training)
 
     def assemble(self, selection: Selection | None, aggregation: Aggregation | None,
-                 objective: str, round_timeout: float, max_update_ratio: float) -> None:
+                 objective: str, round_timeout: float, max_update_ratio: float,
+                 local_training: TrainSettings | None) -> None:
         """Take the parts, and start with no state."""
         self.selection = selection or Selection()
         self.aggregation = aggregation or Aggregation()
@@ -92,6 +96,9 @@ class DriftStrategy(FedAvg):
         self.round_timeout = round_timeout  # for exchanges a strategy runs in configure_train
         # a reply's (and the aggregate's) update may be this many times the model's norm
         self.max_update_ratio = max_update_ratio
+        # how the clients train: a reply's local-steps must be what it makes of its examples
+        # (FedNova and SCAFFOLD scale by it); None: not checked (unit tests' bare strategies)
+        self.local_training = local_training
         self.node_rank: dict[int, int] = {}  # node id -> partition id (data survey)
         self.surveyed: dict[int, int] | None = None  # node id -> num_examples (data survey)
         self.report = RoundReport()
@@ -117,6 +124,8 @@ class DriftStrategy(FedAvg):
                        aggregation=AGGREGATIONS[cfg.aggregation.name].from_config(cfg, model),
                        objective=cfg.strategy.objective, round_timeout=cfg.round_timeout,
                        max_update_ratio=cfg.max_update_ratio,
+                       local_training=TrainSettings(cfg.local_epochs, cfg.batch_size, cfg.lr,
+                                                    cfg.momentum, cfg.weight_decay),
                        fraction_train=cfg.fraction, fraction_evaluate=cfg.fraction_evaluate,
                        min_train_nodes=1, min_evaluate_nodes=0,
                        min_available_nodes=cfg.num_clients,
@@ -269,7 +278,18 @@ class DriftStrategy(FedAvg):
         if update.num_examples > self.survey_count(update.node_id):
             return (f"it claims {update.num_examples:g} examples; the data survey "
                     f"found {self.survey_count(update.node_id)}")
+        steps, expected = update.metrics[LOCAL_STEPS], self.local_steps(update)
+        if expected is not None and steps != expected:
+            return f"'{LOCAL_STEPS}' is {steps:g}, but {self.steps_rule(update)} make {expected}"
         return self.aggregation.reject(update)
+
+    def local_steps(self, update: ClientUpdate) -> int | None:
+        """The SGD steps a client takes on the examples it claims (None: not checked)."""
+        return self.local_training and self.local_training.steps(update.num_examples)
+
+    def steps_rule(self, update: ClientUpdate) -> str:
+        """How ``local_steps`` counts, for a rejection's message."""
+        return self.local_training.describe(f"its {update.num_examples:g} examples")
 
     def refuse_aggregate(self, arrays: dict[str, np.ndarray]) -> str | None:
         """Why an aggregate must not replace the global model (None: it may)."""
@@ -371,9 +391,10 @@ class FlowerFirst:
     def __init__(self, *, selection: Selection | None = None,
                  aggregation: Aggregation | None = None, objective: str = "ce",
                  round_timeout: float = 3600.0, max_update_ratio: float = 10.0,
-                 **kwargs) -> None:
+                 local_training: TrainSettings | None = None, **kwargs) -> None:
         super().__init__(**kwargs)
-        self.assemble(selection, aggregation, objective, round_timeout, max_update_ratio)
+        self.assemble(selection, aggregation, objective, round_timeout, max_update_ratio,
+                      local_training)
 
 
 def wait_for_nodes(grid: Grid, minimum: int, timeout: float = math.inf,

@@ -90,14 +90,19 @@ class DCFL(DriftStrategy):
 
     def __init__(self, *, model: torch.nn.Module, pretrain_fraction: float,
                  pretrain_requests: int, pretrain: TrainSettings, filter_ratio: float,
-                 group_size: int | None, exchange: bool, augment: SiameseAugment | None,
+                 group_size: int | None, finetune: TrainSettings, mix: bool,
+                 augment: SiameseAugment | None,
                  max_images: int, proximal_mu: float | None, seed: int, device: str,
                  **kwargs):
         super().__init__(**kwargs)
         self.model = model  # a scratch copy: the filter's losses, the pre-training
         self.pretrain_fraction, self.pretrain_requests = pretrain_fraction, pretrain_requests
         self.pretrain_settings = pretrain
-        self.filter_ratio, self.group_size, self.exchange = filter_ratio, group_size, exchange
+        self.filter_ratio, self.group_size = filter_ratio, group_size
+        # what a client does with the images it receives: E_s epochs of fine-tuning after its
+        # E_c local epochs, or (mix) one stage on its data and them together
+        self.finetune, self.mix = finetune, mix
+        self.exchange = mix or finetune.epochs > 0  # whether any images are sent
         self.augment, self.max_images = augment, max_images
         self.proximal_mu, self.seed, self.device = proximal_mu, seed, device
         self.explored: list[int] = []  # node ids, in the order they were explored
@@ -120,7 +125,10 @@ class DCFL(DriftStrategy):
                 "pretrain": TrainSettings(settings.pretrain_epochs, settings.finetune_batch_size,
                                           settings.pretrain_lr, experiment.momentum, 0.0),
                 "filter_ratio": settings.filter_ratio, "group_size": settings.group_size,
-                "exchange": settings.finetune_epochs > 0 or settings.condensed_use == "mix",
+                "finetune": TrainSettings(settings.finetune_epochs, settings.finetune_batch_size,
+                                          settings.finetune_lr, experiment.momentum,
+                                          experiment.weight_decay),
+                "mix": settings.condensed_use == "mix",
                 "augment": (SiameseAugment(parse_transforms(settings.dsa_transforms))
                             if settings.dsa else None),
                 "max_images": settings.ipc * model.head.out_features,
@@ -292,6 +300,24 @@ class DCFL(DriftStrategy):
             return checked
         self.checked_sets[update.node_id] = checked  # kept for accept, not read twice
         return None
+
+    def local_steps(self, update: ClientUpdate) -> int | None:
+        """E_c epochs on the local data, then E_s on the images sent (mix: E_c on both)."""
+        local, received = self.local_training, self.sent_images.get(update.node_id, 0)
+        if local is None:
+            return None
+        if received and self.mix:
+            return local.steps(update.num_examples + received)
+        return local.steps(update.num_examples) + self.finetune.steps(received)
+
+    def steps_rule(self, update: ClientUpdate) -> str:
+        received = self.sent_images.get(update.node_id, 0)
+        if received and self.mix:
+            return self.local_training.describe(
+                f"its {update.num_examples:g} examples and the {received} images sent")
+        return super().steps_rule(update) + (
+            f", then {self.finetune.describe(f'the {received} images sent')}"
+            if received and self.finetune.epochs else "")
 
     def accept(self, replies) -> list[ClientUpdate]:
         updates = super().accept(replies)
