@@ -133,22 +133,26 @@ def test_large_weights_and_infinite_step_counts_never_reach_the_global_model():
 
 def test_a_step_count_other_than_the_one_the_clients_training_makes_is_refused():
     """FedNova and SCAFFOLD scale a reply by its local-steps, so it must be the count the
-    experiment's training makes of the reply's examples: 3 epochs of 10 examples in batches
+    experiment's training makes of the node's examples: 3 epochs of 10 examples in batches
     of 4 are 9 steps, of 7 examples 6. An inflated count within the bounds would have tilted
-    FedNova's tau_eff; a deflated one multiplies SCAFFOLD's Delta c_k."""
+    FedNova's tau_eff; a deflated one multiplies SCAFFOLD's Delta c_k. A client trains on all
+    it holds, so it cannot lower its count by claiming fewer examples either."""
     strategy = surveyed(
         FedAvg(aggregation=FedNovaAggregation(momentum=0.0, param_keys=frozenset({"w"})),
                local_training=TrainSettings(3, 4, 0.1, 0.0, 0.0)),
-        [{"node_id": n, "partition_id": n, "num_examples": 10} for n in (1, 2, 3)])
+        [{"node_id": n, "partition_id": n, "num_examples": 7 if n == 3 else 10}
+         for n in (1, 2, 3, 4)])
     arrays, _ = strategy.aggregate_train(1, [train_reply(1, [2.0, 2.0], n=10, steps=9),
                                              train_reply(2, [9.0, 9.0], n=10, steps=90),
-                                             train_reply(3, [9.0, 9.0], n=7, steps=9)])
+                                             train_reply(3, [9.0, 9.0], n=7, steps=9),
+                                             train_reply(4, [9.0, 9.0], n=0.001, steps=3)])
     assert np.allclose(arrays["w"].numpy(), [2.0, 2.0]) and strategy.report.clients == 1
     assert strategy.report.rejected == [
         "partition 2 (node 2): 'local-steps' is 90, but 3 epochs of its 10 examples in batches "
         "of 4 make 9",
         "partition 3 (node 3): 'local-steps' is 9, but 3 epochs of its 7 examples in batches "
-        "of 4 make 6"]
+        "of 4 make 6",
+        "partition 4 (node 4): it claims 0.001 examples; the data survey found 10"]
     # a strategy built for an experiment knows how its clients train
     built = build_strategy(check_experiment(compose(["local_epochs=2", "batch_size=32"])),
                            torch.nn.Linear(2, 2))

@@ -60,7 +60,7 @@ class TrainSettings:
         last batch of an epoch smaller."""
         return self.epochs * math.ceil(num_examples / self.batch_size)
 
-    def describe(self, data: str) -> str:
+    def in_words(self, data: str) -> str:
         """'3 epochs of <data> in batches of 64', for messages."""
         return (f"{self.epochs} epoch{'s' * (self.epochs != 1)} of {data} in batches of "
                 f"{self.batch_size}")

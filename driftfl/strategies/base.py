@@ -7,7 +7,8 @@
 - Every train message carries the experiment, the dataset description and the local objective.
 - Replies are checked before they touch the global model (see ``aggregation.check_reply``):
   the common checks, the number of examples against what the node reported in the data
-  survey, and the aggregation's own; the aggregate is checked before it replaces the model.
+  survey, the local step count against what the experiment's training makes of them, and the
+  aggregation's own; the aggregate is checked before it replaces the model.
 
 A strategy takes its settings as constructor arguments, as Flower's own do; ``from_config``
 builds any of them from a checked experiment. Flower's FedProx and FedAvgM are reused by
@@ -275,21 +276,27 @@ class DriftStrategy(FedAvg):
         """Why a reply that passed the common checks cannot be used (None: it can)."""
         if not self.usable(update.node_id):
             return "the node was not accepted in the data survey"
-        if update.num_examples > self.survey_count(update.node_id):
-            return (f"it claims {update.num_examples:g} examples; the data survey "
-                    f"found {self.survey_count(update.node_id)}")
+        # a client trains on all it holds: fewer examples would mean fewer steps, and a
+        # smaller step count (SCAFFOLD's Delta c_k, FedNova's a_k) would pass the step check
+        surveyed = self.survey_count(update.node_id)
+        if update.num_examples != surveyed and self.surveyed is not None:
+            return (f"it claims {update.num_examples:.12g} examples; the data survey "
+                    f"found {surveyed}")
         steps, expected = update.metrics[LOCAL_STEPS], self.local_steps(update)
         if expected is not None and steps != expected:
-            return f"'{LOCAL_STEPS}' is {steps:g}, but {self.steps_rule(update)} make {expected}"
+            return (f"'{LOCAL_STEPS}' is {steps:.12g}, but {self.steps_rule(update)} make "
+                    f"{expected}")
         return self.aggregation.reject(update)
 
     def local_steps(self, update: ClientUpdate) -> int | None:
         """The SGD steps a client takes on the examples it claims (None: not checked)."""
-        return self.local_training and self.local_training.steps(update.num_examples)
+        if self.local_training is None:
+            return None
+        return self.local_training.steps(update.num_examples)
 
     def steps_rule(self, update: ClientUpdate) -> str:
         """How ``local_steps`` counts, for a rejection's message."""
-        return self.local_training.describe(f"its {update.num_examples:g} examples")
+        return self.local_training.in_words(f"its {update.num_examples:.12g} examples")
 
     def refuse_aggregate(self, arrays: dict[str, np.ndarray]) -> str | None:
         """Why an aggregate must not replace the global model (None: it may)."""

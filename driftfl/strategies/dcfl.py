@@ -313,10 +313,10 @@ class DCFL(DriftStrategy):
     def steps_rule(self, update: ClientUpdate) -> str:
         received = self.sent_images.get(update.node_id, 0)
         if received and self.mix:
-            return self.local_training.describe(
-                f"its {update.num_examples:g} examples and the {received} images sent")
+            return self.local_training.in_words(
+                f"its {update.num_examples:.12g} examples and the {received} images sent")
         return super().steps_rule(update) + (
-            f", then {self.finetune.describe(f'the {received} images sent')}"
+            f", then {self.finetune.in_words(f'the {received} images sent')}"
             if received and self.finetune.epochs else "")
 
     def accept(self, replies) -> list[ClientUpdate]:

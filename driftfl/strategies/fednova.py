@@ -6,7 +6,8 @@ its normalised update d_k = (w_G - w_k) / a_k, and the server steps
   w_G <- w_G - tau_eff * sum_k gamma_k d_k,   tau_eff = sum_k gamma_k a_k.
 The client sends w_k (the common reply), the server forms d_k: w_G is the model it sent.
 Buffers (BatchNorm statistics) are not gradient-trained and are averaged as in FedAvg.
-Every reply's tau_k is finite and at least 1: the common reply check refuses any other.
+Every reply's tau_k is the count its training makes of the examples the data survey found
+(local_epochs x ceil(n_k / batch_size)): the common reply check refuses any other.
 """
 
 from __future__ import annotations
