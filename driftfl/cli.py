@@ -163,22 +163,35 @@ def refusal(args: list[str]) -> str | None:
 
 
 def unparsable(parser, word: str) -> str | None:
-    """Why Hydra's override grammar cannot read ``word``, in one line with the quoting that
-    reads it; None when it can."""
+    """Why ``word`` cannot be an override, in one line (with the quoting that reads it where
+    quoting helps); None when it can."""
+    from hydra.errors import OverrideParseException
+
+    if "'" in word:  # launch.run_config_arg: Flower's run config is passed in single quotes
+        return (f"the override {word} holds a single quote ('), which the run config Flower "
+                "passes to the ServerApp cannot carry; leave it out")
+    if readable(parser, word) is not False:
+        return None
+    key, value = word.split("=", 1)
+    quoted = f'{key}="{value}"'
+    example = f"; in bash: {shlex.quote(quoted)}" if readable(parser, quoted) else ""
+    return (f"cannot read the override {word}: Hydra's override grammar needs a value with "
+            f"quotes or unmatched brackets quoted{example} "
+            "(https://hydra.cc/docs/advanced/override_grammar/basic)")
+
+
+def readable(parser, word: str) -> bool | None:
+    """Whether Hydra's grammar reads ``word``; None where only Hydra can tell (glob sweeps
+    need its config loader)."""
     from hydra.errors import OverrideParseException
 
     try:
         parser.parse_overrides([word])
     except OverrideParseException:
-        key, value = word.split("=", 1)
-        example = (f"; in bash: {shlex.quote(f'{key}={quote}{value}{quote}')}"
-                   if (quote := next((q for q in "\"'" if q not in value), None)) else "")
-        return (f"cannot read the override {word}: Hydra's override grammar needs a value "
-                f"with quotes or unmatched brackets quoted{example} "
-                "(https://hydra.cc/docs/advanced/override_grammar/basic)")
-    except Exception:  # glob sweeps and the like: Hydra checks them itself
+        return False
+    except Exception:
         return None
-    return None
+    return True
 
 
 def output_dir(hydra_cfg: DictConfig, args: list[str]) -> tuple[str, Path]:

@@ -44,10 +44,17 @@ def test_bad_value_exits_2_with_one_line_and_no_run(override, message, tmp_path,
     (["-m", "strategy=fedntd,fedcsd", "strategy.tau=0,1"],
      "driftfl: error: strategy.tau must be > 0, got 0"),
     # an override Hydra cannot parse: one line with the quoting that works, not Hydra's three
-    (["seed=1", "label=it's"],
-     "driftfl: error: cannot read the override label=it's: Hydra's override grammar needs a "
-     "value with quotes or unmatched brackets quoted; in bash: 'label=\"it'\"'\"'s\"' "
+    (["seed=1", "label=[run"],
+     "driftfl: error: cannot read the override label=[run: Hydra's override grammar needs a "
+     "value with quotes or unmatched brackets quoted; in bash: 'label=\"[run\"' "
      "(https://hydra.cc/docs/advanced/override_grammar/basic)"),
+    # Flower's run config cannot carry a single quote, whatever the quoting: said before the
+    # data is loaded, not after
+    (["label=it's"], "driftfl: error: the override label=it's holds a single quote ('), which "
+                     "the run config Flower passes to the ServerApp cannot carry; leave it out"),
+    (["a b=1"], "driftfl: error: cannot read the override a b=1: Hydra's override grammar needs "
+                "a value with quotes or unmatched brackets quoted "
+                "(https://hydra.cc/docs/advanced/override_grammar/basic)"),
 ])
 def test_unknown_keys_and_bad_sweeps_are_refused_before_anything_is_written(args, message,
                                                                              tmp_path):
