@@ -79,6 +79,12 @@ def test_partition_json_follows_a_partition_to_the_node_that_took_it_back(tmp_pa
         (0, 77), (1, 11), (2, 99)]
     assert written["node_changes"] == [{"partition_id": 2, "from_node": 12, "to_node": 99},
                                        {"partition_id": 0, "from_node": 10, "to_node": 77}]
+    # a resumed run keeps the moves made before it, and adds its own
+    resumed = RunRecorder(tmp_path / "run", compose(["rounds=1"]), run_id=8, resumed={
+        "rows": [], "recorded": {}, "seconds": 1.0, "round": 1})
+    resumed.partition({"seed": 0, "clients": written["clients"]})
+    resumed.clients_moved([{**clients[0], "node_id": 5}], {77: 5})
+    assert [c["to_node"] for c in json.loads(path.read_text())["node_changes"]] == [99, 77, 5]
 
 
 def test_partition_table_switches_to_top_classes_when_wide():

@@ -81,8 +81,7 @@ def run_experiment(grid: Grid, experiment: Experiment, run_dir: Path, run_id: in
         metered = MeteredGrid(grid)
         clients = survey_clients(metered, experiment_record, cfg.num_clients, cfg.node_wait,
                                  cfg.round_timeout)
-    if saved:
-        checkpoint.restore(strategy, saved, clients)
+    moved = checkpoint.restore(strategy, saved, clients) if saved else {}
     strategy.meet(clients)
 
     def clients_moved(now: list[dict], moved: dict[int, int]) -> None:
@@ -108,6 +107,8 @@ def run_experiment(grid: Grid, experiment: Experiment, run_dir: Path, run_id: in
                                     "label_histogram": np.bincount(
                                         aux_labels, minlength=experiment.data.num_classes
                                     ).tolist()}})
+    if moved and not isinstance(grid, InMemoryGrid):  # simulated node ids are new every run
+        recorder.clients_moved(clients, moved)
 
     evaluator = RoundEvaluator(experiment, copy.deepcopy(model), strategy, metered, recorder)
     arrays = model_to_arrays(model)

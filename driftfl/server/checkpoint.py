@@ -81,13 +81,16 @@ def differences(saved: dict, wanted: dict, prefix: str = "") -> list[str]:
     return found
 
 
-def restore(strategy, state: dict, clients: list[dict]) -> None:
+def restore(strategy, state: dict, clients: list[dict]) -> dict[int, int]:
     """Put the saved server state into a freshly built strategy, before it meets this run's
-    clients: state keyed by node id follows each partition to its node id in this run."""
+    clients: state keyed by node id follows each partition to its node id in this run.
+    Returns those moves (old -> new node id)."""
     vars(strategy).update(state["strategy"])
     now = {c["partition_id"]: c["node_id"] for c in clients if c["partition_id"] >= 0}
     saved = state["strategy"].get("node_rank", {})
-    strategy.rekey({old: now[p] for old, p in saved.items() if p in now and now[p] != old})
+    moved = {old: now[p] for old, p in saved.items() if p in now and now[p] != old}
+    strategy.rekey(moved)
+    return moved
 
 
 def restore_random(state: dict) -> None:

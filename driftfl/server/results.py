@@ -85,6 +85,9 @@ class RunRecorder:
         # name -> {"round_<r>": array}
         self.arrays: dict[str, dict[str, np.ndarray]] = dict(resumed["recorded"]) if resumed else {}
         self.started = time.time() - (resumed["seconds"] if resumed else 0.0)
+        earlier = self.dir / "partition.json"  # a resumed run keeps the moves made before
+        self.node_changes: list[dict] = (json.loads(earlier.read_text()).get("node_changes", [])
+                                         if resumed and earlier.is_file() else [])
         self.tracker = make_tracker(cfg.tracker, self.dir)
         (self.dir / "config.yaml").write_text(
             yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
@@ -107,7 +110,7 @@ class RunRecorder:
 
     def partition(self, summary: dict) -> None:
         """partition.json: the data, the split and which node holds each client's share."""
-        self.partition_summary = {**summary, "node_changes": []}
+        self.partition_summary = {**summary, "node_changes": self.node_changes}
         self._write_json("partition.json", self.partition_summary)
 
     def clients_moved(self, clients: list[dict], moved: dict[int, int]) -> None:
@@ -115,7 +118,7 @@ class RunRecorder:
         partition.json names the node holding each partition now, and every change."""
         partition_of = {c["node_id"]: c["partition_id"] for c in clients}
         self.partition_summary["clients"] = clients
-        self.partition_summary["node_changes"] += [
+        self.node_changes += [
             {"partition_id": partition_of[new], "from_node": old, "to_node": new}
             for old, new in moved.items()]
         self._write_json("partition.json", self.partition_summary)
