@@ -165,8 +165,6 @@ def refusal(args: list[str]) -> str | None:
 def unparsable(parser, word: str) -> str | None:
     """Why ``word`` cannot be an override, in one line (with the quoting that reads it where
     quoting helps); None when it can."""
-    from hydra.errors import OverrideParseException
-
     if "'" in word:  # launch.run_config_arg: Flower's run config is passed in single quotes
         return (f"the override {word} holds a single quote ('), which the run config Flower "
                 "passes to the ServerApp cannot carry; leave it out")

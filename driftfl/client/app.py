@@ -48,9 +48,7 @@ def train(msg: Message, context: Context) -> Message:
     generator = torch.Generator().manual_seed(_seed(job, 0))
     records, extra = {}, {}
     if not is_dcfl(msg):
-        settings = TrainSettings(exp.local_epochs, exp.batch_size, exp.lr, exp.momentum,
-                                 exp.weight_decay)
-        stats = train_locally(model, x, y, settings, objective, generator)
+        stats = train_locally(model, x, y, TrainSettings.local_stage(exp), objective, generator)
     else:  # DCFL: condense if asked, then the local and the fine-tuning stage
         dcfl = DCFLClient.of(job)
         if msg.content[CONFIG][CONDENSE]:

@@ -90,8 +90,7 @@ class DCFLClient:
         """E_c epochs on the local data, then E_s on the received images (or, with
         condensed_use=mix, one stage on both); returns the combined steps and mean loss."""
         exp, s = self.job.experiment, self.settings
-        local = TrainSettings(exp.local_epochs, exp.batch_size, exp.lr, exp.momentum,
-                              exp.weight_decay)
+        local = TrainSettings.local_stage(exp)
         if received is not None:
             received = (received[0].to(x.device), received[1].to(x.device))
         if received is not None and s.condensed_use == "mix":
@@ -101,10 +100,8 @@ class DCFLClient:
         first = train_locally(model, x, y, local, objective, generator, augment=self.augment)
         if received is None or not s.finetune_epochs or not len(received[1]):
             return first
-        tune = TrainSettings(s.finetune_epochs, s.finetune_batch_size, s.finetune_lr,
-                             exp.momentum, exp.weight_decay)
-        second = train_locally(model, *received, tune, objective, generator,
-                               augment=self.augment, prepare=False)
+        second = train_locally(model, *received, TrainSettings.finetune_stage(s, exp), objective,
+                               generator, augment=self.augment, prepare=False)
         seen = (first.steps, second.steps)
         mean = (first.mean_loss * seen[0] + second.mean_loss * seen[1]) / max(sum(seen), 1)
         return TrainStats(sum(seen), mean, len(y))

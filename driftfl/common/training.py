@@ -55,6 +55,19 @@ class TrainSettings:
     momentum: float
     weight_decay: float
 
+    @classmethod
+    def local_stage(cls, experiment) -> TrainSettings:
+        """How a client trains on its own data: ``local_epochs`` in batches of ``batch_size``
+        (the client trains with it, the server checks a reply's step count against it)."""
+        return cls(experiment.local_epochs, experiment.batch_size, experiment.lr,
+                   experiment.momentum, experiment.weight_decay)
+
+    @classmethod
+    def finetune_stage(cls, dcfl, experiment) -> TrainSettings:
+        """DCFL's fine-tuning on the received condensed images: E_s epochs in batches of B_s."""
+        return cls(dcfl.finetune_epochs, dcfl.finetune_batch_size, dcfl.finetune_lr,
+                   experiment.momentum, experiment.weight_decay)
+
     def steps(self, num_examples: float) -> int:
         """The SGD steps ``train_locally`` takes on this many examples: a step per batch, the
         last batch of an epoch smaller."""

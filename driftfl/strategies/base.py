@@ -125,8 +125,7 @@ class DriftStrategy(FedAvg):
                        aggregation=AGGREGATIONS[cfg.aggregation.name].from_config(cfg, model),
                        objective=cfg.strategy.objective, round_timeout=cfg.round_timeout,
                        max_update_ratio=cfg.max_update_ratio,
-                       local_training=TrainSettings(cfg.local_epochs, cfg.batch_size, cfg.lr,
-                                                    cfg.momentum, cfg.weight_decay),
+                       local_training=TrainSettings.local_stage(cfg),
                        fraction_train=cfg.fraction, fraction_evaluate=cfg.fraction_evaluate,
                        min_train_nodes=1, min_evaluate_nodes=0,
                        min_available_nodes=cfg.num_clients,
@@ -279,7 +278,7 @@ class DriftStrategy(FedAvg):
         # a client trains on all it holds: fewer examples would mean fewer steps, and a
         # smaller step count (SCAFFOLD's Delta c_k, FedNova's a_k) would pass the step check
         surveyed = self.survey_count(update.node_id)
-        if update.num_examples != surveyed and self.surveyed is not None:
+        if self.surveyed is not None and update.num_examples != surveyed:
             return (f"it claims {update.num_examples:.12g} examples; the data survey "
                     f"found {surveyed}")
         steps, expected = update.metrics[LOCAL_STEPS], self.local_steps(update)

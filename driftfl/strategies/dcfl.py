@@ -125,9 +125,7 @@ class DCFL(DriftStrategy):
                 "pretrain": TrainSettings(settings.pretrain_epochs, settings.finetune_batch_size,
                                           settings.pretrain_lr, experiment.momentum, 0.0),
                 "filter_ratio": settings.filter_ratio, "group_size": settings.group_size,
-                "finetune": TrainSettings(settings.finetune_epochs, settings.finetune_batch_size,
-                                          settings.finetune_lr, experiment.momentum,
-                                          experiment.weight_decay),
+                "finetune": TrainSettings.finetune_stage(settings, experiment),
                 "mix": settings.condensed_use == "mix",
                 "augment": (SiameseAugment(parse_transforms(settings.dsa_transforms))
                             if settings.dsa else None),
