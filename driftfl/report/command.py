@@ -1,0 +1,126 @@
+"""`driftfl report`'s options, checked before anything is written, and what it writes."""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import difflib
+import sys
+import tempfile
+from pathlib import Path
+from typing import NoReturn
+
+from .plot import plot
+from .runs import Run, find_runs, flatten, numbers
+from .table import group_runs, markdown, split_notes, summarise
+
+
+def fail(message: str) -> NoReturn:
+    print(f"driftfl report: error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def names(text: str | None, option: str, example: str) -> list[str] | None:
+    """A comma-separated option as a list (None where it was not given); empty: refused."""
+    if text is None:
+        return None
+    found = [name.strip() for name in text.split(",") if name.strip()]
+    if not found:
+        fail(f"{option} is empty; give comma-separated names, e.g. {option} {example}")
+    return found
+
+
+def check_by(runs: list[Run], by: list[str]) -> None:
+    """Each ``--by`` key must be a setting (or section) of some run's config.yaml."""
+    known = {".".join(key.split(".")[:i]) for run in runs for key in flatten(run.config)
+             for i in range(1, key.count(".") + 2)}
+    for key in by:
+        if key not in known:
+            close = difflib.get_close_matches(key, sorted(known), n=5, cutoff=0.6)
+            fail(f"--by {key}: no run's config.yaml has this setting; "
+                 + (f"close ones: {', '.join(close)}" if close else
+                    f"the settings are {', '.join(sorted(k for k in known if '.' not in k))} "
+                    "(a section's keys as section.key, e.g. partition.name)"))
+
+
+def check_labels(values: list[str], key: str, target: str | None,
+                 only: list[str] | None) -> set[str] | None:
+    """``--target`` must be a value of the last ``--by`` key; ``--only`` values no run has are
+    named (refused where none is left). Returns the values to show (None: all)."""
+    valid = ", ".join(values)
+    if target is not None and target not in values:
+        fail(f"--target {target}: no run has {key} {target}; valid: {valid}")
+    if only is None:
+        return None
+    if absent := [name for name in only if name not in values]:
+        if len(absent) == len(only):
+            fail(f"--only: no run has {key} {', '.join(absent)}; valid: {valid}")
+        print(f"driftfl report: warning: --only: no run has {key} {', '.join(absent)}; "
+              f"valid: {valid}", file=sys.stderr)
+    return set(only)
+
+
+def writable(out: Path) -> None:
+    """Creates ``out`` and writes a file there and takes it back, or refuses in one line."""
+    if out.exists() and not out.is_dir():
+        fail(f"--out {out} is a file; name a directory for report.md, .csv and .png")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=out):
+            pass
+    except OSError as err:
+        fail(f"cannot write the report to {out} ({err.strerror or err}); choose another --out")
+
+
+def main(argv: list[str]) -> None:
+    from . import __doc__ as doc
+
+    parser = argparse.ArgumentParser(prog="driftfl report", description=doc.split("\n\n")[0])
+    parser.add_argument("paths", nargs="+", type=Path, help="run or sweep directories")
+    parser.add_argument("--by", default="label",
+                        help="comma-separated config keys to group by (default: label)")
+    parser.add_argument("--target", default=None,
+                        help="a group whose mean final accuracy the others race to, e.g. fedavg")
+    parser.add_argument("--only", default=None,
+                        help="comma-separated values of the last --by key to show, e.g. "
+                             "fedavg,fedcsd")
+    parser.add_argument("--metrics", default="",
+                        help="comma-separated per-round diagnostics to average, e.g. "
+                             "logit_shift,mask_filter_rate")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="where report.md/.csv/.png go (default: the first path)")
+    args = parser.parse_args(argv)
+    by = names(args.by, "--by", "partition.name,label")
+    only = names(args.only, "--only", "fedavg,fedcsd")
+    metrics = tuple(names(args.metrics, "--metrics", "logit_shift") if args.metrics else ())
+    if missing := [str(p) for p in args.paths if not p.exists()]:
+        fail(f"no such directory: {', '.join(missing)}")
+    runs, unfinished = find_runs(args.paths)
+    if not runs:
+        fail(f"no completed run with a trained round (metrics.json + summary.json) under "
+             f"{', '.join(str(p) for p in args.paths)}")
+    check_by(runs, by)
+    keep = check_labels(sorted({str(r.value(by[-1])) for r in runs}), by[-1], args.target, only)
+    recorded = {k for r in runs for row in r.trained for k in row if numbers([row], k)}
+    if unknown := [m for m in metrics if m not in recorded]:
+        fail(f"no run records {', '.join(unknown)}; the runs record {', '.join(sorted(recorded))}")
+    out = args.out or args.paths[0]
+    writable(out)
+
+    groups = group_runs(runs, by)
+    shown = [g for g in groups if keep is None or g.key[-1] in keep]
+    header, rows, missing_notes = summarise(shown, groups, by, args.target, metrics)
+    table = markdown(header, rows)
+    notes = split_notes(shown) + missing_notes
+    try:
+        (out / "report.md").write_text("\n\n".join([table, *notes]) + "\n")
+        with open(out / "report.csv", "w", newline="") as f:
+            csv.writer(f).writerows([header, *rows])
+        plot(shown, out / "report.png")
+    except OSError as err:
+        fail(f"cannot write the report to {out} ({err.strerror or err}); choose another --out")
+    print(table + "".join(f"\n{note}" if i else f"\n\n{note}" for i, note in enumerate(notes)))
+    if unfinished:
+        print(f"\n{len(unfinished)} run(s) did not complete and are left out: "
+              + ", ".join(str(p) for p in unfinished[:5]))
+    print(f"\nwritten: {out / 'report.md'}, report.csv, report.png")

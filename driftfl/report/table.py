@@ -1,0 +1,164 @@
+"""Runs into rows: one row per ``--by`` value and experiment, mean ± std over its runs (seeds)."""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from dataclasses import dataclass
+
+from .runs import Run, number, numbers
+
+UNSET = "unset"  # a setting a run's config.yaml does not have (written by another version)
+
+
+@dataclass
+class Group:
+    """One row: runs with the same ``--by`` values (``key``) and the same experiment apart from
+    the seed. ``split`` holds the settings that tell it from the other rows under its ``key``."""
+
+    key: tuple[str, ...]
+    split: dict[str, str]
+    runs: list[Run]
+
+    @property
+    def name(self) -> tuple[str, ...]:
+        """``key``, its last value followed by the splitting settings, e.g. fedavg (rounds=2)."""
+        if not self.split:
+            return self.key
+        return (*self.key[:-1],
+                f"{self.key[-1]} ({', '.join(f'{k}={v}' for k, v in self.split.items())})")
+
+    @property
+    def title(self) -> str:
+        return " / ".join(self.name)
+
+
+def group_runs(runs: list[Run], by: list[str]) -> list[Group]:
+    """Runs grouped by their ``by`` values; where those of one group differ in an experiment
+    setting (rounds, num_clients, ...), the group is split by the settings that differ."""
+    by_key: dict[tuple[str, ...], list[Run]] = defaultdict(list)
+    for run in runs:
+        by_key[tuple(str(run.value(k)) for k in by)].append(run)
+    groups = []
+    for key, members in sorted(by_key.items()):
+        keys = sorted({k for run in members for k in run.settings
+                       if not any(k == b or k.startswith(f"{b}.") for b in by)})
+        differ = [k for k in keys if len({run.settings.get(k, UNSET) for run in members}) > 1]
+        parts: dict[tuple[str, ...], list[Run]] = defaultdict(list)
+        for run in members:
+            parts[tuple(run.settings.get(k, UNSET) for k in differ)].append(run)
+        groups += [Group(key, dict(zip(differ, values)), part)
+                   for values, part in sorted(parts.items(), key=lambda kv: _order(kv[0]))]
+    return groups
+
+
+def _order(values: tuple[str, ...]) -> tuple:
+    """Numbers by value (rounds=2 before rounds=10), then text."""
+    def one(text: str) -> tuple:
+        try:
+            return 0, float(text), ""
+        except ValueError:
+            return 1, 0.0, text
+    return tuple(one(v) for v in values)
+
+
+def split_notes(groups: list[Group]) -> list[str]:
+    """One line for each ``--by`` value whose runs were split into several rows."""
+    split: dict[tuple[str, ...], Group] = {}
+    for group in groups:
+        if group.split:
+            split.setdefault(group.key, group)
+    return [f"{' / '.join(key)}: its runs differ in {', '.join(group.split)}, so each setting "
+            "has its own row" for key, group in split.items()]
+
+
+def mean_std(values: list[float], scale: float = 100.0) -> str:
+    """``mean ± std``; one value has no spread: ``mean ± -``."""
+    if not values:
+        return "-"
+    mean = statistics.fmean(values) * scale
+    if len(values) == 1:
+        return f"{mean:.2f} ± -"
+    return f"{mean:.2f} ± {statistics.stdev(values) * scale:.2f}"
+
+
+def _mean(values: list[float], digits: int) -> str:
+    return f"{statistics.fmean(values):.{digits}f}" if values else "-"
+
+
+def _of(found: int, total: int) -> str:
+    return "" if found == total else f" ({found} of {total})"
+
+
+def _goal(group: Group, groups: list[Group], target: str | None) -> float | None:
+    """The mean final accuracy ``group`` races to: that of the ``target`` row with the same
+    other ``--by`` values and, where the target's runs were split, the same settings."""
+    if target is None:
+        return None
+    mine = group.runs[0].settings  # a row's runs agree on every compared setting
+    for other in groups:
+        if other.key == (*group.key[:-1], target) and all(
+                mine.get(k, UNSET) == v for k, v in other.split.items()):
+            return statistics.fmean(r.accuracy[-1] for r in other.runs)
+    return None
+
+
+def _race(group: Group, goal: float | None) -> str:
+    if goal is None:
+        return "-"
+    hit = [n for n in (r.rounds_to_reach(goal) for r in group.runs) if n is not None]
+    return f"{statistics.fmean(hit):.1f}{_of(len(hit), len(group.runs))}" if hit else "never"
+
+
+def _traffic(trained: list[dict]) -> str:
+    """Mean MB per client per round, down and up."""
+    rows = [r for r in trained
+            if all(number(r.get(k)) for k in ("bytes_sent", "bytes_received", "clients"))]
+    if not rows:
+        return "-"
+    down = statistics.fmean(r["bytes_sent"] / max(r["clients"], 1) for r in rows)
+    up = statistics.fmean(r["bytes_received"] / max(r["clients"], 1) for r in rows)
+    return f"{down / 2**20:.2f}, {up / 2**20:.2f}"
+
+
+def _diagnostic(group: Group, metric: str) -> str:
+    """Mean of a per-round diagnostic over the trained rounds of the runs that record it."""
+    per_run = [numbers(run.trained, metric) for run in group.runs]
+    recording = [values for values in per_run if values]
+    if not recording:
+        return "-"
+    pooled = [value for values in recording for value in values]
+    return _mean(pooled, 3) + _of(len(recording), len(group.runs))
+
+
+def summarise(shown: list[Group], groups: list[Group], by: list[str], target: str | None,
+              metrics: tuple[str, ...] = ()) -> tuple[list[str], list[list], list[str]]:
+    """The header, a row for each of ``shown`` and notes on what is missing; ``groups`` (all
+    of them, shown or not) hold the target rows."""
+    header = [*by, "runs", "rounds", "final acc (%)", "best acc (%)",
+              f"rounds to {target}'s final acc" if target else "rounds to target",
+              "s / round from round 2", "s in round 1 (incl. start-up)",
+              "MB / client / round (down, up)", *(f"mean {m}" for m in metrics)]
+    rows = []
+    for group in shown:
+        trained = [row for run in group.runs for row in run.trained]
+        rows.append([*group.name, len(group.runs), max(r.last_round for r in group.runs),
+                     mean_std([r.accuracy[-1] for r in group.runs]),
+                     mean_std([max(r.accuracy) for r in group.runs]),
+                     _race(group, _goal(group, groups, target)),
+                     _mean(numbers([r for r in trained if r["round"] > 1], "seconds"), 1),
+                     _mean(numbers([r for r in trained if r["round"] == 1], "seconds"), 1),
+                     _traffic(trained), *(_diagnostic(group, m) for m in metrics)])
+    notes = []
+    for metric in metrics:
+        lacking = [g.title for g in shown if not any(numbers(r.trained, metric) for r in g.runs)]
+        if lacking:
+            notes.append(f"{metric} is missing from {len(lacking)} row(s), whose runs do not "
+                         f"record it: {', '.join(lacking)}")
+    return header, rows, notes
+
+
+def markdown(header: list[str], rows: list[list]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
