@@ -1,16 +1,22 @@
-"""A secure deployment's parts: the credentials `driftfl secure init` makes, the fleet proxy
-(a real nginx in front of a stand-in SuperLink: only the Fleet API gets through), node
-registration's checks, and `driftfl split`'s per-owner files."""
+"""A secure deployment's parts: the credentials `driftfl secure init` makes, the operator's
+connection `driftfl secure connect` adds to Flower's config.toml, the fleet proxy (a real nginx
+in front of a stand-in SuperLink: only the Fleet API gets through, and nothing a user gives
+reaches its configuration unchecked), node registration's checks, and `driftfl split`'s
+per-owner files."""
 
 from __future__ import annotations
 
 import http.server
+import json
+import os
+import shutil
 import ssl
 import stat
 import subprocess
 import sys
 import threading
 import time
+import tomllib
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -86,6 +92,150 @@ def test_init_never_overwrites_and_refuses_a_bad_name_before_writing(tmp_path, c
         and len(out.stderr.strip().splitlines()) == 1, out.stderr
 
 
+def _driftfl(*args: str, env: dict | None = None, **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run([driftfl_bin(), *args], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, **(env or {})}, **kwargs)
+
+
+def _one_line_error(out: subprocess.CompletedProcess, says: str) -> None:
+    assert out.returncode == 2 and out.stdout == "", out.stdout + out.stderr
+    assert out.stderr.startswith("driftfl: error: ") and out.stderr.count("\n") == 1 \
+        and says in out.stderr, out.stderr
+
+
+@pytest.mark.parametrize("target", ["/proc/x", "a-file"])
+def test_init_and_split_refuse_a_folder_they_cannot_write_in_one_line(tmp_path, target):
+    """Not a directory, or one nobody can make (not even root, in /proc): one line each."""
+    (tmp_path / "a-file").write_text("kept\n")
+    says = "a-file is not a directory" if target == "a-file" else "no such file or directory"
+    for command, folder in ((["secure", "init", target, "--nodes", "1"], "credentials"),
+                            (["split", target, "num_clients=2"], "shares'")):
+        out = _driftfl(*command, cwd=tmp_path)
+        _one_line_error(out, f"cannot write the {folder} folder {target}: ")
+        assert says in out.stderr
+    assert [p.name for p in tmp_path.iterdir()] == ["a-file"]
+    assert (tmp_path / "a-file").read_text() == "kept\n"
+
+
+def _flower_sees(flwr_home: Path, *names: str) -> dict:
+    """Each connection as Flower's own reader (the one `flwr run . NAME` uses) reads it."""
+    code = ("import json, sys\n"
+            "from flwr.cli.flower_config import read_superlink_connection as read\n"
+            "print(json.dumps({n: [read(n).address, read(n).root_certificates, read(n).insecure]"
+            " for n in sys.argv[1:]}))")
+    out = subprocess.run([sys.executable, "-c", code, *names], capture_output=True, text=True,
+                         env={**os.environ, "FLWR_HOME": str(flwr_home)}, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+    return json.loads(out.stdout.splitlines()[-1])
+
+
+def test_connect_on_an_empty_home_keeps_flowers_local_connection(tmp_path, credentials):
+    """On a machine where flwr never ran (no ~/.flwr), the README's step adds the connection
+    and Flower's `local` is there too: `flwr run . local` still works (issue 26, 2)."""
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "FLWR_HOME"}
+    env["HOME"] = str(home)
+    shutil.copytree(credentials, tmp_path / "secure")
+    added = subprocess.run([driftfl_bin(), "secure", "connect", "federation", "--address",
+                            "127.0.0.1:9091", "--root-certificates", "secure/ca.crt"],
+                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert added.returncode == 0 and added.stderr == "", added.stderr
+    config = home / ".flwr" / "config.toml"
+    assert added.stdout == (
+        f"added [superlink.federation] (127.0.0.1:9091, TLS, checked against "
+        f"{tmp_path / 'secure' / 'ca.crt'}) in {config}, a new file that also holds Flower's "
+        "own connections (supergrid, local)\n")
+    insecure = subprocess.run([driftfl_bin(), "secure", "connect", "deployment", "--address",
+                               "127.0.0.1:9090", "--insecure"], env=env, capture_output=True,
+                              text=True, timeout=120)
+    assert insecure.returncode == 0 and insecure.stdout.startswith(
+        "added [superlink.deployment] (127.0.0.1:9090, no TLS)"), insecure.stderr
+    assert _flower_sees(home / ".flwr", "local", "federation", "deployment") == {
+        "local": [":local:", None, False],
+        "federation": ["127.0.0.1:9091", str(tmp_path / "secure" / "ca.crt"), False],
+        "deployment": ["127.0.0.1:9090", None, True]}
+    assert tomllib.loads(config.read_text())["superlink"]["default"] == "local"
+
+
+def test_connect_puts_back_what_a_hand_made_file_lacks_and_keeps_every_other_entry(tmp_path):
+    """A config.toml written by hand before flwr ever ran (the README's old `cat >>`) lacks
+    Flower's `local`: it comes back; the file's own connections stay; a name given again is
+    replaced."""
+    config = tmp_path / "config.toml"
+    config.write_text('[superlink.federation]\naddress = "10.0.0.1:9091"\ninsecure = true\n\n'
+                      '[superlink.sim]\noptions.num-supernodes = 3\n\n[tool]\nkept = 1\n')
+    env = {"FLWR_HOME": str(tmp_path)}
+    out = _driftfl("secure", "connect", "deployment", "--address", "[::1]:9090", "--insecure",
+                   env=env)
+    assert out.returncode == 0 and out.stdout == (
+        f"added [superlink.deployment] ([::1]:9090, no TLS) in {config}; put back what it "
+        "lacked of Flower's defaults (default, supergrid, local)\n"), out.stdout + out.stderr
+    again = _driftfl("secure", "connect", "federation", "--address", "fl.example.org:9091",
+                     "--insecure", env=env)
+    assert again.stdout.startswith("replaced [superlink.federation] (fl.example.org:9091, ")
+    written = tomllib.loads(config.read_text())
+    assert written["superlink"] == {
+        "default": "local", "federation": {"address": "fl.example.org:9091", "insecure": True},
+        "sim": {"options": {"num-supernodes": 3}}, "supergrid": {"address": "api.flower.ai"},
+        "local": {"address": ":local:"},
+        "deployment": {"address": "[::1]:9090", "insecure": True}}
+    assert written["tool"] == {"kept": 1}
+    assert _flower_sees(tmp_path, "local", "sim")["local"][0] == ":local:"
+
+
+@pytest.mark.parametrize("args, says", [
+    (["local", "--address", "a:1", "--insecure"], "'local' is a name Flower's config.toml uses"),
+    (["default", "--address", "a:1", "--insecure"], "'default' is a name Flower's"),
+    (["fed.x", "--address", "a:1", "--insecure"], "use letters, digits, - and _ only"),
+    (["fed", "--address", "a b:1", "--insecure"], "--address 'a b:1' is not host:port"),
+    (["fed", "--address", "a:0", "--insecure"], "--address 'a:0' is not host:port"),
+    (["fed", "--address", "a:65536", "--insecure"], "is not host:port"),
+    (["fed", "--address", "a:\u0669", "--insecure"], "is not host:port"),  # an Arabic nine
+    (["fed", "--address", "9091", "--insecure"], "is not host:port"),
+    (["fed", "--address", "a:1", "--root-certificates", "missing.crt"],
+     "--root-certificates missing.crt: No such file or directory"),
+    (["fed", "--address", "a:1", "--root-certificates", "node.key.pub"],
+     "no PEM certificate in it"),
+])
+def test_connect_refuses_bad_input_in_one_line_before_writing(tmp_path, args, says):
+    (tmp_path / "node.key.pub").write_text("ecdsa-sha2-nistp384 AAAA node-0\n")
+    home = tmp_path / "flwr"
+    _one_line_error(_driftfl("secure", "connect", *args, cwd=tmp_path,
+                             env={"FLWR_HOME": str(home)}), says)
+    assert not home.exists()
+
+
+def test_connect_leaves_a_config_it_cannot_read_or_write_as_it_was(tmp_path):
+    config = tmp_path / "config.toml"
+    for text, says in (("[superlink\n", f"cannot read {config} ("),
+                       ("superlink = 3\n", "superlink is not a table")):
+        config.write_text(text)
+        _one_line_error(_driftfl("secure", "connect", "fed", "--address", "a:1", "--insecure",
+                                 env={"FLWR_HOME": str(tmp_path)}), says)
+        assert config.read_text() == text
+    _one_line_error(_driftfl("secure", "connect", "fed", "--address", "a:1", "--insecure",
+                             env={"FLWR_HOME": str(config)}),
+                    f"cannot write Flower's configuration folder {config}: {config} is not a "
+                    "directory; set FLWR_HOME")
+
+
+def test_register_on_a_connection_flower_does_not_know_writes_nothing(tmp_path, credentials):
+    """flwr would write its default config.toml before saying the connection is missing."""
+    home = tmp_path / "flwr"
+    key = str(credentials / "node-0.key.pub")
+    out = _driftfl("secure", "register", "nosuchconn", key, env={"FLWR_HOME": str(home)})
+    _one_line_error(out, f"no SuperLink connection 'nosuchconn': {home / 'config.toml'} does "
+                         "not exist yet; add it with driftfl secure connect nosuchconn")
+    assert not home.exists()
+    home.mkdir()
+    text = '[superlink.federation]\naddress = "127.0.0.1:9091"\ninsecure = true\n'
+    (home / "config.toml").write_text(text)
+    out = _driftfl("secure", "register", "nosuchconn", key, env={"FLWR_HOME": str(home)})
+    _one_line_error(out, "has no [superlink.nosuchconn] connection (valid: federation)")
+    assert (home / "config.toml").read_text() == text
+
+
 def test_register_refuses_what_is_not_an_ecdsa_public_key_before_calling_flower(tmp_path,
                                                                                  credentials):
     other = tmp_path / "ed25519.pub"
@@ -108,6 +258,27 @@ def test_proxy_configuration_refuses_bad_addresses_and_missing_files(credentials
         proxy.render("9090", "127.0.0.1:9091", *files, tmp_path)
     with pytest.raises(ConfigError, match="--superlink 'superlink:x' is not host:port"):
         proxy.render("0.0.0.0:9090", "superlink:x", *files, tmp_path)
+    # nothing that nginx would read as its own syntax gets into the configuration
+    for listen, superlink in (("a b; include /etc/passwd:9090", "s:1"), ("{:9090", "s:1"),
+                              ("0.0.0.0:0", "s:1"), ("0.0.0.0:65536", "s:1"),
+                              ("*:9090", "*:9091"), ("0.0.0.0:9090", "s;x:1"),
+                              ("0.0.0.0:9090", "s:1;"), ("[::1:9090", "s:1"),
+                              ("0.0.0.0:9090", "[fl.org]:1"), ("0.0.0.0:9090", "'s':1")):
+        with pytest.raises(ConfigError, match="is not host:port"):
+            proxy.render(listen, superlink, *files, tmp_path)
+    for odd in ("a b", "a;b", "a{b", "a$b", "a'b", 'a"b', "a#b", "a\\b", "a\nb"):
+        folder = tmp_path / odd
+        shutil.copytree(credentials, folder)
+        moved = (folder / "superlink.crt", folder / "superlink.key", folder / "ca.crt")
+        with pytest.raises(ConfigError, match="holds a character nginx would read"):
+            proxy.render("0.0.0.0:9090", "s:1", *moved, tmp_path)
+        with pytest.raises(ConfigError, match="the proxy's run folder .* holds a character"):
+            proxy.render("0.0.0.0:9090", "s:1", *files, folder)
+    for listen in ("[::]:9090", "*:9090", "fl.example.org:9090"):
+        assert f"listen {listen} ssl;" in proxy.render(listen, "s:1", *files, tmp_path)
+    out = _driftfl("secure", "proxy", str(credentials), "--listen",
+                   "a b; include /etc/passwd:9090", "--print-config")
+    _one_line_error(out, "--listen 'a b; include /etc/passwd:9090' is not host:port")
     with pytest.raises(ConfigError, match="make the credentials first"):
         proxy.render("0.0.0.0:9090", "s:1", tmp_path / "none.crt", *files[1:], tmp_path)
     # nginx checks an upstream's certificate by DNS name: an address is checked as localhost

@@ -16,7 +16,8 @@ DESCRIPTION = """\
 A secure deployment, step by step (README, Deployment):
   1. driftfl secure init DIR --name <the SuperLink's host name or address> --nodes N
   2. flower-superlink on 127.0.0.1:9091 with DIR's certificate and --enable-supernode-auth
-  3. driftfl secure register <connection> DIR/node-*.key.pub    (the operator, on 127.0.0.1)
+  3. driftfl secure connect <connection> --address 127.0.0.1:9091 --root-certificates DIR/ca.crt
+     driftfl secure register <connection> DIR/node-*.key.pub    (the operator, on 127.0.0.1)
   4. driftfl secure proxy DIR --listen 0.0.0.0:9090             (the nodes' only door)
   5. each node: flower-supernode --superlink <host>:9090 --root-certificates ca.crt
                 --auth-supernode-private-key node-<i>.key ...
@@ -26,7 +27,8 @@ A secure deployment, step by step (README, Deployment):
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="driftfl secure", description=DESCRIPTION,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    steps = parser.add_subparsers(dest="step", required=True, metavar="{init,register,proxy}")
+    steps = parser.add_subparsers(dest="step", required=True,
+                                  metavar="{init,connect,register,proxy}")
     init = steps.add_parser("init", help="make the CA, the SuperLink's certificate and node keys")
     init.add_argument("folder", type=Path, help="where to write them (new or empty)")
     init.add_argument("--name", action="append", default=[], metavar="HOST",
@@ -34,6 +36,20 @@ def _parser() -> argparse.ArgumentParser:
                            "localhost and 127.0.0.1 are always included)")
     init.add_argument("--nodes", type=int, default=0, help="node key pairs to make (0)")
     init.add_argument("--days", type=int, default=365, help="certificate lifetime (365)")
+
+    connect = steps.add_parser(
+        "connect", help="add (or replace) a SuperLink connection in $FLWR_HOME/config.toml",
+        description="Add or replace [superlink.NAME] in Flower's config.toml ($FLWR_HOME, "
+                    "else ~/.flwr), creating it with Flower's defaults (local, supergrid) "
+                    "when there is none; every other connection stays as it is.")
+    connect.add_argument("name", help="the connection's name, e.g. federation")
+    connect.add_argument("--address", required=True, metavar="HOST:PORT",
+                         help="the SuperLink's Control API, e.g. 127.0.0.1:9091")
+    security = connect.add_mutually_exclusive_group(required=True)
+    security.add_argument("--root-certificates", type=Path, metavar="FILE",
+                          help="TLS, checked against this CA certificate (init's ca.crt)")
+    security.add_argument("--insecure", action="store_true",
+                          help="no TLS: only for a SuperLink on this machine")
 
     register = steps.add_parser("register", help="register node public keys with the SuperLink")
     register.add_argument("connection", help="the operator's SuperLink connection in "
@@ -61,6 +77,12 @@ def _init(args) -> None:
           "keep ca.key offline")
 
 
+def _connect(args) -> None:
+    from driftfl.deploy.connection import connect
+
+    print(connect(args.name, args.address, args.root_certificates))
+
+
 def _public_key_problem(path: Path) -> str | None:
     from cryptography.exceptions import UnsupportedAlgorithm
     from cryptography.hazmat.primitives.asymmetric import ec
@@ -76,11 +98,13 @@ def _public_key_problem(path: Path) -> str | None:
 
 
 def _register(args) -> None:
+    from driftfl.deploy.connection import require_connection
     from driftfl.launch import _tool
 
     problems = [p for p in map(_public_key_problem, args.keys) if p]
     if problems:
         raise ConfigError(problems[0])
+    require_connection(args.connection)  # flwr would write its default config.toml first
     failed = 0
     for key in args.keys:
         out = subprocess.run([_tool("flwr"), "supernode", "register", str(key), args.connection,
@@ -118,12 +142,8 @@ def _proxy(args) -> None:
 def main(argv: list[str]) -> None:
     args = _parser().parse_args(argv)
     try:
-        if args.step == "init":
-            _init(args)
-        elif args.step == "register":
-            _register(args)
-        else:
-            _proxy(args)
+        {"init": _init, "connect": _connect, "register": _register,
+         "proxy": _proxy}[args.step](args)
     except ConfigError as err:
         print(f"driftfl: error: {err}", file=sys.stderr)
         raise SystemExit(2) from None

@@ -19,7 +19,6 @@ from __future__ import annotations
 import datetime
 import ipaddress
 import os
-import re
 from pathlib import Path
 
 from cryptography import x509
@@ -28,12 +27,11 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from driftfl.common.errors import ConfigError
+from driftfl.deploy.checks import HOSTNAME, writable_folder
 
 CA_CERT, CA_KEY = "ca.crt", "ca.key"
 SERVER_CERT, SERVER_KEY = "superlink.crt", "superlink.key"
 ALWAYS_NAMES = ("localhost", "127.0.0.1")
-HOSTNAME = re.compile(r"^(?=.{1,253}$)([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)"
-                      r"(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$")
 
 
 def node_key(i: int) -> str:
@@ -88,10 +86,12 @@ def planned_files(nodes: int) -> list[str]:
 def make_credentials(folder: Path, names: list[str], nodes: int, days: int = 365) -> list[Path]:
     """Make the CA, the SuperLink's certificate for ``names`` (plus localhost and 127.0.0.1)
     and ``nodes`` node key pairs in ``folder``; the files written. ConfigError, before
-    anything is written, for a bad name or a file that exists already."""
+    anything is written, for a bad name, a folder that cannot be written or a file that
+    exists already."""
     if nodes < 0 or days < 1:
         raise ConfigError("--nodes must be 0 or more and --days at least 1")
     alt_names = [_subject_name(n) for n in dict.fromkeys([*names, *ALWAYS_NAMES])]
+    writable_folder(folder, "the credentials folder")
     taken = [n for n in planned_files(nodes) if (folder / n).exists()]
     if taken:
         raise ConfigError(f"{folder} already holds {', '.join(taken)}; choose an empty folder "

@@ -12,7 +12,6 @@ SuperLink over TLS (checked against the CA) and answers every other path 403.
 
 from __future__ import annotations
 
-import ipaddress
 import os
 import shutil
 import signal
@@ -21,6 +20,7 @@ import tempfile
 from pathlib import Path
 
 from driftfl.common.errors import ConfigError
+from driftfl.deploy.checks import host_port, is_ip, plain_path
 
 FLEET_PATHS = ("/v1/fleet/", "/health")  # all a node asks of the SuperLink
 
@@ -64,36 +64,25 @@ http {{
 """
 
 
-def _host_port(address: str, option: str) -> tuple[str, int]:
-    host, sep, port = address.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ConfigError(f"{option} {address!r} is not host:port (e.g. 127.0.0.1:9091)")
-    return host.strip("[]"), int(port)
-
-
-def _is_address(host: str) -> bool:
-    try:
-        ipaddress.ip_address(host)
-    except ValueError:
-        return False
-    return True
-
-
 def render(listen: str, superlink: str, cert: Path, key: Path, ca: Path, run: Path) -> str:
-    """The nginx configuration; ConfigError for a bad address or a missing file."""
-    _host_port(listen, "--listen")
-    upstream_host, _ = _host_port(superlink, "--superlink")
+    """The nginx configuration; ConfigError for a bad address, a missing file or a path nginx
+    would misread: nothing a user gives reaches the configuration unchecked."""
+    host_port(listen, "--listen", any_host=True)
+    upstream_host, _ = host_port(superlink, "--superlink")
     # nginx checks an upstream's certificate against DNS names only. The CA is the
     # federation's own and signs nothing but the SuperLink's certificate, so the chain is what
     # authenticates it; an address is checked as localhost, which every such certificate holds
-    if _is_address(upstream_host):
+    if is_ip(upstream_host):
         upstream_host = "localhost"
     for path, what in ((cert, "certificate"), (key, "key"), (ca, "CA certificate")):
         if not path.is_file():
             raise ConfigError(f"the SuperLink's {what} {path} does not exist; make the "
                               "credentials first: driftfl secure init DIR --name <host>")
+    cert, key, ca, run = (plain_path(p, what) for p, what in (
+        (cert, "the certificate"), (key, "the key"), (ca, "the CA certificate"),
+        (run, "the proxy's run folder")))
     return CONFIG.format(listen=listen, superlink=superlink, upstream_host=upstream_host,
-                         cert=cert.resolve(), key=key.resolve(), ca=ca.resolve(), run=run)
+                         cert=cert, key=key, ca=ca, run=run)
 
 
 def nginx() -> str:

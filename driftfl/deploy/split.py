@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from driftfl.common.errors import ConfigError
+from driftfl.deploy.checks import writable_folder
 
 USAGE = "usage: driftfl split DIR [overrides], e.g. driftfl split owners num_clients=3 partition.alpha=0.1"
 
@@ -24,12 +25,14 @@ def client_file(k: int) -> str:
 
 def split(folder: Path, overrides: list[str]) -> list[Path]:
     """Write every client's share to ``folder``; the files written. ConfigError, before
-    anything is written, for a bad experiment or a folder that already holds shares."""
+    anything is written, for a bad experiment or a folder that cannot be written or already
+    holds shares."""
     from driftfl.common.config import compose
     from driftfl.common.partition import describe, label_histogram, partition
     from driftfl.server.console import partition_table
     from driftfl.server.experiment import prepare_experiment
 
+    writable_folder(folder, "the shares' folder")  # before the dataset loads
     experiment = prepare_experiment(compose(overrides))
     cfg, data = experiment.cfg, experiment.data
     files = [folder / client_file(k) for k in range(cfg.num_clients)]
