@@ -76,8 +76,23 @@ def test_runs_of_other_experiments_under_one_label_get_their_own_rows(tmp_path, 
     # fedcsd ran 4 rounds on 10 clients: it races to that fedavg row's 0.85 (round 4)
     assert "| fedcsd | 1 | 4 | 90.00 ± - | 90.00 ± - | 4.0 |" in out
     assert out.count("differ") == 1
-    assert "fedavg: its runs differ in num_clients, rounds, so each setting has its own row" in out
+    assert ("fedavg: the runs differ in num_clients, rounds, so each setting has its own row "
+            "(--by num_clients,rounds,label makes them columns)") in out
     assert "num_clients, rounds" in (tmp_path / "out" / "report.md").read_text()
+
+
+def test_a_split_row_is_named_by_the_fewest_settings_that_tell_it_apart(tmp_path, capsys):
+    dirichlet = {"name": "dirichlet", "alpha": 0.1, "min_size": 10}
+    pathological = {"name": "pathological", "classes_per_client": 2}
+    for label in ("fedavg", "fedcsd"):
+        write_run(tmp_path / label / "d", label, [0.1, 0.8], partition=dirichlet)
+        write_run(tmp_path / label / "p", label, [0.1, 0.5], partition=pathological)
+    report([str(tmp_path)])
+    out = capsys.readouterr().out
+    assert "| fedavg (partition.name=dirichlet) | 1 | 1 | 80.00 ± - |" in out
+    assert "| fedcsd (partition.name=pathological) | 1 | 1 | 50.00 ± - |" in out
+    assert ("fedavg, fedcsd: the runs differ in partition.name, so each setting has its own row "
+            "(--by partition.name,label makes it a column)") in out
 
 
 def test_each_partition_races_to_its_own_fedavg(tmp_path, capsys):

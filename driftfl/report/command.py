@@ -111,7 +111,7 @@ def main(argv: list[str]) -> None:
     shown = [g for g in groups if keep is None or g.key[-1] in keep]
     header, rows, missing_notes = summarise(shown, groups, by, args.target, metrics)
     table = markdown(header, rows)
-    notes = split_notes(shown) + missing_notes
+    notes = split_notes(shown, by) + missing_notes
     try:
         (out / "report.md").write_text("\n\n".join([table, *notes]) + "\n")
         with open(out / "report.csv", "w", newline="") as f:

@@ -47,9 +47,23 @@ def group_runs(runs: list[Run], by: list[str]) -> list[Group]:
         parts: dict[tuple[str, ...], list[Run]] = defaultdict(list)
         for run in members:
             parts[tuple(run.settings.get(k, UNSET) for k in differ)].append(run)
-        groups += [Group(key, dict(zip(differ, values)), part)
+        named = _telling(differ, list(parts))
+        groups += [Group(key, {differ[i]: values[i] for i in named}, part)
                    for values, part in sorted(parts.items(), key=lambda kv: _order(kv[0]))]
     return groups
+
+
+def _telling(keys: list[str], parts: list[tuple[str, ...]]) -> list[int]:
+    """The few of ``keys`` (indices) that tell ``parts`` apart, a section's ``name`` first:
+    where the partitions differ, partition.name says it, not every key of both schemas."""
+    chosen: list[int] = []
+    for i in sorted(range(len(keys)), key=lambda i: (not keys[i].endswith(".name"), keys[i])):
+        told = len({tuple(p[j] for j in chosen) for p in parts})
+        if told == len(parts):
+            break
+        if len({tuple(p[j] for j in [*chosen, i]) for p in parts}) > told:
+            chosen.append(i)
+    return sorted(chosen)
 
 
 def _order(values: tuple[str, ...]) -> tuple:
@@ -62,14 +76,17 @@ def _order(values: tuple[str, ...]) -> tuple:
     return tuple(one(v) for v in values)
 
 
-def split_notes(groups: list[Group]) -> list[str]:
-    """One line for each ``--by`` value whose runs were split into several rows."""
-    split: dict[tuple[str, ...], Group] = {}
+def split_notes(groups: list[Group], by: list[str]) -> list[str]:
+    """One line for each set of settings that split some ``--by`` values into several rows."""
+    split: dict[tuple[str, ...], list[str]] = defaultdict(list)
     for group in groups:
-        if group.split:
-            split.setdefault(group.key, group)
-    return [f"{' / '.join(key)}: its runs differ in {', '.join(group.split)}, so each setting "
-            "has its own row" for key, group in split.items()]
+        title = " / ".join(group.key)
+        if group.split and title not in split[tuple(group.split)]:
+            split[tuple(group.split)].append(title)
+    return [f"{', '.join(titles)}: the runs differ in {', '.join(keys)}, so each setting has its "
+            f"own row (--by {','.join([*by[:-1], *keys, by[-1]])} makes "
+            f"{'it a column' if len(keys) == 1 else 'them columns'})"
+            for keys, titles in split.items()]
 
 
 def mean_std(values: list[float], scale: float = 100.0) -> str:
