@@ -61,13 +61,17 @@ def test_a_single_run_has_no_spread(tmp_path, capsys):
 def test_runs_of_other_experiments_under_one_label_get_their_own_rows(tmp_path, capsys):
     # the four 'fedavg' runs: 10 clients 2 rounds, 10 clients 4 rounds (two seeds, one
     # on a GPU with its own Ray cluster), and a 2-client run of 2 rounds on a deployed federation
-    write_run(tmp_path / "a", "fedavg", [0.1, 0.5, 0.6], rounds=2, num_clients=10)
-    write_run(tmp_path / "b", "fedavg", [0.1, 0.5, 0.6, 0.7, 0.8], rounds=4, num_clients=10)
+    data = {"name": "fmnist", "download": False}
+    write_run(tmp_path / "a", "fedavg", [0.1, 0.5, 0.6], rounds=2, num_clients=10, dataset=data)
+    write_run(tmp_path / "b", "fedavg", [0.1, 0.5, 0.6, 0.7, 0.8], rounds=4, num_clients=10,
+              dataset=data)
     write_run(tmp_path / "c", "fedavg", [0.1, 0.4, 0.6, 0.7, 0.9], rounds=4, num_clients=10,
-              seed=1, device="cuda", simulation={"client_gpus": 0.5, "ray_address": "auto"})
-    write_run(tmp_path / "d", "fedavg", [0.1, 0.3, 0.4], rounds=2, num_clients=2,
+              dataset={**data, "download": True}, seed=1, device="cuda",
+              simulation={"client_gpus": 0.5, "ray_address": "auto"})
+    write_run(tmp_path / "d", "fedavg", [0.1, 0.3, 0.4], rounds=2, num_clients=2, dataset=data,
               superlink="lab", verbose=True)
-    write_run(tmp_path / "e", "fedcsd", [0.1, 0.7, 0.8, 0.84, 0.9], rounds=4, num_clients=10)
+    write_run(tmp_path / "e", "fedcsd", [0.1, 0.7, 0.8, 0.84, 0.9], rounds=4, num_clients=10,
+              dataset=data)
     report([str(tmp_path), "--target", "fedavg", "--out", str(tmp_path / "out")])
     out = capsys.readouterr().out
     assert "| fedavg (num_clients=2, rounds=2) | 1 | 2 | 40.00 ± - |" in out

@@ -15,8 +15,9 @@ from driftfl.server.checkpoint import OPERATIONAL
 
 # settings in which the runs of one row may differ: the seed (a row averages over it) and those
 # that change how a run is carried out, not what it computes (where Ray ran its clients, the
-# device, the evaluation batch)
-NOT_COMPARED = OPERATIONAL | {"seed", "simulation", "device", "eval_batch_size"}
+# device, the evaluation batch, whether the data was fetched; not dataset.root: for a user's
+# own data it names the data)
+NOT_COMPARED = OPERATIONAL | {"seed", "simulation", "device", "eval_batch_size", "dataset.download"}
 
 
 @dataclass
