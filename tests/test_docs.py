@@ -1,11 +1,25 @@
 """The docs stay true: the README's two commands, every config option in the README, every
-method's settings and defaults in docs/algorithms.md."""
+method's settings and defaults in docs/algorithms.md, the guides' code complete and the model
+guide's example working."""
 
 from __future__ import annotations
 
+import ast
+import builtins
+import importlib
+import math
 import re
+import symtable
 
+import pytest
+import torch
+import yaml
 from conftest import REPO
+from test_models import user_models  # noqa: F401  (a fixture)
+
+from driftfl.common.errors import ConfigError
+from driftfl.common.models import build_model, registered_models
+from driftfl.common.training import CrossEntropy, TrainSettings, train_locally
 
 README = (REPO / "README.md").read_text()
 
@@ -49,3 +63,68 @@ def test_algorithms_md_lists_every_methods_settings_with_their_defaults():
         assert {key for key, _ in rows} == set(settings), name
         for key, shown in rows:
             assert shown.split(" (")[0] == _shown(settings[key]), (name, key, shown)
+
+
+# --- the guides' code: complete, and the model example runs ------------------------------------
+
+GUIDES = ("adding-a-method.md", "adding-a-model.md")
+
+
+def code_blocks(guide: str, language: str = "python") -> list[str]:
+    return re.findall(rf"```{language}\n(.*?)```", (REPO / "docs" / guide).read_text(), re.S)
+
+
+def undefined_names(source: str) -> set[str]:
+    """Names the code reads that it neither defines nor imports (nor are builtins)."""
+    top = symtable.symtable(source, "snippet", "exec")
+    defined = {s.get_name() for s in top.get_symbols() if s.is_assigned() or s.is_imported()}
+    read: set[str] = set()
+
+    def visit(table):
+        for symbol in table.get_symbols():
+            if symbol.is_referenced() and (table is top or symbol.is_global()):
+                read.add(symbol.get_name())
+        for child in table.get_children():
+            visit(child)
+    visit(top)
+    return read - defined - set(dir(builtins))
+
+
+@pytest.mark.parametrize("guide", GUIDES)
+def test_every_snippet_in_the_guides_is_complete(guide):
+    """A snippet is a module that runs as shown: its imports import and it uses no name it does
+    not define or import. An excerpt says where it sits (``# in <file>, ...``) and is there."""
+    for block in code_blocks(guide):
+        excerpt = re.match(r"# in ([\w/.]+)", block)
+        if excerpt:
+            source = (REPO / excerpt.group(1)).read_text()
+            assert all(line.strip() in source for line in block.splitlines()[1:]), block
+            continue
+        assert not undefined_names(block), (guide, undefined_names(block), block[:200])
+        imports = [node for node in ast.parse(block).body
+                   if isinstance(node, (ast.Import, ast.ImportFrom))]
+        exec(compile(ast.Module(imports, type_ignores=[]), guide, "exec"), {})
+
+
+def test_an_incomplete_snippet_is_found():
+    assert undefined_names("class A(Settings):\n    x: int = Field(1)\n") == {"Settings", "Field"}
+    assert undefined_names("import torch\ndef f(x):\n    return torch.relu(x) + y\n") == {"y"}
+
+
+def test_the_torchvision_model_example_registers_builds_and_trains_one_step(user_models):
+    (module,) = code_blocks("adding-a-model.md")
+    (user_models / "mobilenet.py").write_text(module)
+    importlib.invalidate_caches()
+    model = build_model({"name": "mobilenet_v3_small", "width_mult": 0.5}, (1, 28, 28), 10)
+    x, y = torch.randn(4, 1, 28, 28), torch.arange(4)
+    before = model.head.weight.detach().clone()
+    stats = train_locally(model, x, y, TrainSettings(1, 4, 0.05, 0.9, 0.0), CrossEntropy(),
+                          torch.Generator().manual_seed(0))
+    assert stats.steps == 1 and math.isfinite(stats.mean_loss)
+    assert not torch.equal(before, model.head.weight)
+    # its yaml holds the schema's defaults, as every conf/model/ yaml does
+    (yaml_block,) = code_blocks("adding-a-model.md", "yaml")
+    schema = registered_models()["mobilenet_v3_small"][0]
+    assert yaml.safe_load(yaml_block) == schema(name="mobilenet_v3_small").model_dump()
+    with pytest.raises(ConfigError, match=r"^model.width_mult must be > 0, got 0$"):
+        build_model({"name": "mobilenet_v3_small", "width_mult": 0}, (1, 28, 28), 10)

@@ -1,12 +1,19 @@
 """Models, each split into a feature extractor (``features``) and a linear head (``head``).
 
 Distillation, prototype and contrastive methods need the features and the logits separately, so
-every model exposes both; ``forward`` is simply ``head(features(x))``.
+every model is a DriftModel: ``forward`` is ``head(features(x))``. A model is a function that
+builds one, registered under the name ``model=`` takes with ``@register_model``; the built-ins
+below register themselves the way a user's own model in driftfl/models/ does
+(docs/adding-a-model.md).
 """
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
+import re
 from collections.abc import Callable, Mapping
+from functools import cache
 from typing import Annotated
 
 import torch
@@ -15,6 +22,9 @@ from torch import nn
 
 from .errors import ConfigError
 from .settings import Settings, section
+
+# the package whose every module is imported before a model is looked up: users' own models
+USER_MODELS = "driftfl.models"
 
 
 class ModelSettings(Settings):
@@ -26,10 +36,6 @@ class ModelSettings(Settings):
     projection: int = Field(0, ge=0)
 
 
-class MlpSettings(ModelSettings):
-    hidden: list[Annotated[int, Field(ge=1)]] = [200, 200]  # widths of the hidden layers
-
-
 class DriftModel(nn.Module):
     def __init__(self, features: nn.Module, feature_dim: int, num_classes: int):
         super().__init__()
@@ -38,6 +44,59 @@ class DriftModel(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(self.features(x))
+
+
+# build(shape, num_classes, **its settings beyond name and projection) -> DriftModel
+ModelBuilder = Callable[..., DriftModel]
+
+# name -> (its settings, the function that builds it from them)
+MODELS: dict[str, tuple[type[ModelSettings], ModelBuilder]] = {}
+
+
+def register_model(name: str, settings: type[ModelSettings] = ModelSettings
+                   ) -> Callable[[ModelBuilder], ModelBuilder]:
+    """Register the decorated ``build(shape, num_classes, **settings)`` as ``model=<name>``;
+    ``settings`` is the section's schema, whose fields beyond ``name`` and ``projection`` are
+    passed to ``build``."""
+    if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_]*", name):
+        raise ConfigError(f"model name {name!r} must be letters, digits and _ (a yaml's name "
+                          "in conf/model/)")
+    if not (isinstance(settings, type) and issubclass(settings, ModelSettings)):
+        raise ConfigError(f"model '{name}': settings must subclass ModelSettings, got {settings!r}")
+
+    def register(build: ModelBuilder) -> ModelBuilder:
+        known = MODELS.get(name)
+        if known and _origin(known[1]) != _origin(build):  # a module imported again is no clash
+            raise ConfigError(f"model '{name}' is registered twice: {_origin(known[1])} and "
+                              f"{_origin(build)}; rename one")
+        MODELS[name] = (settings, build)
+        return build
+    return register
+
+
+def _origin(build: ModelBuilder) -> str:
+    return f"{build.__module__}.{build.__qualname__}"
+
+
+@cache
+def _import_user_models() -> None:
+    """Import every module of driftfl/models/ once, so that their models register themselves.
+    Only modules of the app's own package are imported: no message or setting names one."""
+    package = importlib.import_module(USER_MODELS)
+    for module in pkgutil.iter_modules(package.__path__, f"{USER_MODELS}."):
+        try:
+            importlib.import_module(module.name)
+        except ConfigError:
+            raise
+        except Exception as err:  # a user's module: say which, in one line
+            raise ConfigError(f"{module.name} cannot be imported: {type(err).__name__}: "
+                              f"{err}") from err
+
+
+def registered_models() -> dict[str, tuple[type[ModelSettings], ModelBuilder]]:
+    """Every model by name: the built-ins and those of driftfl/models/."""
+    _import_user_models()
+    return MODELS
 
 
 class Projected(nn.Module):
@@ -65,6 +124,11 @@ def _flat_dim(body: nn.Module, shape) -> int:
         return int(body(torch.zeros(1, *shape)).shape[1])
 
 
+class MlpSettings(ModelSettings):
+    hidden: list[Annotated[int, Field(ge=1)]] = [200, 200]  # widths of the hidden layers
+
+
+@register_model("mlp", settings=MlpSettings)
 def mlp(shape, num_classes, hidden=(200, 200)) -> DriftModel:
     layers: list[nn.Module] = [nn.Flatten()]
     width = shape[0] * shape[1] * shape[2]
@@ -74,6 +138,7 @@ def mlp(shape, num_classes, hidden=(200, 200)) -> DriftModel:
     return DriftModel(nn.Sequential(*layers), width, num_classes)
 
 
+@register_model("cnn")
 def cnn(shape, num_classes) -> DriftModel:
     """The CNN of McMahan et al. (FedAvg): two 5x5 conv layers (32, 64), max-pooling, fc 512."""
     conv = nn.Sequential(
@@ -83,6 +148,7 @@ def cnn(shape, num_classes) -> DriftModel:
     return DriftModel(body, 512, num_classes)
 
 
+@register_model("lenet5")
 def lenet5(shape, num_classes) -> DriftModel:
     """LeNet-5 as in the FedAvg/FedSSD experiments: conv 6, conv 16, fc 120, fc 84."""
     conv = nn.Sequential(
@@ -93,6 +159,7 @@ def lenet5(shape, num_classes) -> DriftModel:
     return DriftModel(body, 84, num_classes)
 
 
+@register_model("resnet18")
 def resnet18(shape, num_classes) -> DriftModel:
     """torchvision ResNet-18 for small images: 3x3 stride-1 stem and no max-pool."""
     from torchvision.models import resnet18 as tv_resnet18
@@ -105,23 +172,49 @@ def resnet18(shape, num_classes) -> DriftModel:
     return DriftModel(net, feature_dim, num_classes)
 
 
-# name -> (its settings, the function that builds it from them)
-MODELS: dict[str, tuple[type[ModelSettings], Callable[..., DriftModel]]] = {
-    "mlp": (MlpSettings, mlp), "cnn": (ModelSettings, cnn), "lenet5": (ModelSettings, lenet5),
-    "resnet18": (ModelSettings, resnet18)}
-
-
 def model_settings(spec: Mapping | ModelSettings) -> ModelSettings:
-    return section("model", spec, {name: entry[0] for name, entry in MODELS.items()})
+    return section("model", spec, {name: entry[0] for name, entry in registered_models().items()})
 
 
 def build_model(spec: Mapping | ModelSettings, shape, num_classes: int) -> DriftModel:
     """The model a ``model`` section names, for images of ``shape`` (C, H, W)."""
     spec = model_settings(spec)
+    shape = tuple(shape)
     try:
-        model = MODELS[spec.name][1](tuple(shape), num_classes,
+        model = MODELS[spec.name][1](shape, num_classes,
                                     **spec.model_dump(exclude={"name", "projection"}))
+        _check_contract(spec, model, shape, num_classes)
     except RuntimeError as err:  # e.g. images too small for the conv stack
         raise ConfigError(f"model '{spec.name}' cannot take images of shape "
-                          f"{tuple(shape)}: {err}") from None
+                          f"{shape}: {err}") from None
     return with_projection(model, spec.projection) if spec.projection else model
+
+
+# (settings, shape, classes) already checked in this process: the check costs a forward pass
+_checked: set[tuple[str, tuple, int]] = set()
+
+
+def _check_contract(spec: ModelSettings, model: DriftModel, shape: tuple, num_classes: int):
+    """ConfigError in one line when a built model breaks what every method relies on: a
+    DriftModel whose ``features`` give (N, d) and whose linear ``head`` maps d to the classes."""
+    key = (spec.model_dump_json(), shape, num_classes)
+    if key in _checked:
+        return
+    name = f"model '{spec.name}'"
+    if not isinstance(model, DriftModel) or type(model).forward is not DriftModel.forward:
+        raise ConfigError(f"{name} must build DriftModel(features, feature_dim, num_classes), "
+                          f"whose forward is head(features(x)); got {type(model).__name__}")
+    head = model.head
+    if not isinstance(head, nn.Linear) or head.out_features != num_classes:
+        raise ConfigError(f"{name}: its head must be nn.Linear(feature_dim, {num_classes}), "
+                          f"got {head}")
+    was_training = model.training
+    with torch.no_grad():
+        features = model.eval().features(torch.zeros(2, *shape))
+    model.train(was_training)
+    got = tuple(features.shape) if isinstance(features, torch.Tensor) else type(features).__name__
+    if got != (2, head.in_features):
+        raise ConfigError(f"{name}: its features of 2 images {shape} have shape {got}, "
+                          f"expected (2, {head.in_features}); flatten them (nn.Flatten()) "
+                          "and pass their width as feature_dim")
+    _checked.add(key)
