@@ -124,23 +124,42 @@ def _remove_empty(folder: Path, keep: Path | None) -> None:
         folder = folder.parent
 
 
-# Hydra flags that only show something: nothing runs, so nothing is checked first
+# Hydra flags that only show something: nothing runs and nothing is written, so only the
+# overrides are checked (not where the run would go); shell completion passes no overrides
 SHOWING = {"--help", "-h", "--hydra-help", "--info", "-i", "--cfg", "-c", "--shell-completion",
-           "-sc"}
+           "-sc", "--version"}
+COMPLETION = {"--shell-completion", "-sc", "--version"}
 
 
-def refusal(args: list[str]) -> str | None:
+def overrides_in(args: list[str]) -> list[str]:
+    """The overrides among ``driftfl run``'s arguments, as Hydra's own argument parser reads
+    them; ConfigError in one line where it reads none (argparse would print its usage)."""
+    from hydra._internal.utils import get_args_parser  # the parser hydra.main reads argv with
+
+    parser = get_args_parser()
+
+    def refuse(message: str):
+        hint = ("; the flags (-m, --cfg, ...) go before the overrides, which go together"
+                if message.startswith("unrecognized arguments") else "")
+        raise ConfigError(f"{message}{hint} (driftfl run --help)")
+
+    parser.error = refuse
+    return parser.parse_args(args).overrides
+
+
+def refusal(args: list[str], reachable: bool = True) -> str | None:
     """The first problem in these overrides, found before Hydra writes anything or prints its
     own advice (`+roundz=3` for a typo): every combination of swept config groups is composed
-    and checked, a swept value at its first value. None when all is well, or when Hydra should
-    speak for itself (glob sweeps)."""
+    and checked, a swept value at its first value; ``reachable``: and where the run would go
+    (its federation, its Ray cluster). None when all is well, or when Hydra should speak for
+    itself (glob sweeps)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     from driftfl.common.config import compose, conf_dir
     from driftfl.launch import check_destination
     from driftfl.methods import check_experiment
 
-    words = [a for a in args if "=" in a and not a.startswith("-")]
+    words = overrides_in(args)
     parser = OverridesParser.create()
     for word in words:
         if problem := unparsable(parser, word):
@@ -156,7 +175,9 @@ def refusal(args: list[str]) -> str | None:
                for o, values in zip(overrides, options)]
     for combination in itertools.islice(itertools.product(*options), 100):
         try:
-            check_destination(check_experiment(compose(list(combination))))
+            experiment = check_experiment(compose(list(combination)))
+            if reachable:
+                check_destination(experiment)
         except ConfigError as err:
             return str(err)
     return None
@@ -170,6 +191,9 @@ def unparsable(parser, word: str) -> str | None:
                 "passes to the ServerApp cannot carry; leave it out")
     if readable(parser, word) is not False:
         return None
+    if "=" not in word:  # an empty argument, a key without its value
+        return (f"cannot read the override {shlex.quote(word)}: an override is key=value, "
+                "e.g. rounds=3 (https://hydra.cc/docs/advanced/override_grammar/basic)")
     key, value = word.split("=", 1)
     quoted = f'{key}="{value}"'
     example = f"; in bash: {shlex.quote(quoted)}" if readable(parser, quoted) else ""
@@ -194,9 +218,19 @@ def readable(parser, word: str) -> bool | None:
 
 def output_dir(hydra_cfg: DictConfig, args: list[str]) -> tuple[str, Path]:
     """The setting that names the directory this command writes, and that directory:
-    hydra.run.dir, or hydra.sweep.dir for a sweep."""
+    hydra.run.dir, or hydra.sweep.dir for a sweep; ConfigError where it is empty (Hydra would
+    write into the current directory), or a sweep's job subdirectory is."""
+    from omegaconf import OmegaConf
+
     kind = "sweep" if {"-m", "--multirun"} & set(args) else "run"
-    return f"hydra.{kind}.dir", Path(hydra_cfg[kind].dir).absolute()
+    key, folder = f"hydra.{kind}.dir", hydra_cfg[kind].dir
+    if not folder or not str(folder).strip():
+        raise ConfigError(f"{key} is empty; name a directory, e.g. {key}=outputs/first")
+    subdir = OmegaConf.to_container(hydra_cfg.sweep)["subdir"]  # ${hydra.job.num}: unresolved
+    if kind == "sweep" and (not subdir or not str(subdir).strip()):
+        raise ConfigError("hydra.sweep.subdir is empty, so every job of the sweep would write "
+                          "the same directory; leave it at its default (the job's number)")
+    return key, Path(folder).absolute()
 
 
 def existing_ancestor(folder: Path) -> Path:
@@ -222,18 +256,12 @@ def cannot_write(folder: Path) -> str | None:
     return None
 
 
-def _hydra_settings(args: list[str]) -> DictConfig | None:
-    """Hydra's own section under the command's hydra overrides; None where it does not
-    compose (Hydra then says why itself)."""
+def _hydra_settings(args: list[str]) -> DictConfig:
+    """Hydra's own section under the command's hydra overrides; ConfigError where it does not
+    compose."""
     from driftfl.common.config import hydra_section
 
-    words = [a for a in args if "=" in a and a.lstrip("+~").startswith("hydra")]
-    try:
-        hydra_cfg = hydra_section(words)
-        str(hydra_cfg.run.dir), str(hydra_cfg.sweep.dir)  # resolvable, e.g. ${now:...}
-    except Exception:
-        return None
-    return hydra_cfg
+    return hydra_section([a for a in overrides_in(args) if a.lstrip("+~").startswith("hydra")])
 
 
 def resumed(args: list[str]) -> tuple[list[str], bool]:
@@ -260,16 +288,14 @@ def checked_job(args: list[str]) -> tuple[list[str], Callable]:
     if problem:
         raise ConfigError(problem)
     hydra_cfg = _hydra_settings(args)
-    if hydra_cfg is None:
-        return args, lambda cfg: _run_job(cfg, resume=resume)
     key, folder = output_dir(hydra_cfg, args)
     if reason := cannot_write(folder):
         raise ConfigError(f"cannot write the {key.split('.')[1]} directory {folder}: {reason}; "
                           f"choose another with {key}=...")
     subdir, keep = hydra_cfg.output_subdir, existing_ancestor(folder)
     # beside the other overrides: Hydra's argparse takes them only as one run of words
-    last = max((i for i, a in enumerate(args) if "=" in a and not a.startswith("-")),
-               default=len(args) - 1)
+    overrides = set(overrides_in(args))
+    last = max((i for i, a in enumerate(args) if a in overrides), default=len(args) - 1)
     return ([*args[:last + 1], NO_HYDRA_FILES, *args[last + 1:]],
             lambda cfg: _run_job(cfg, subdir, keep, resume))
 
@@ -284,6 +310,11 @@ def run(args: list[str]) -> None:
         config_path = str(conf_dir())
         if not SHOWING & set(args):
             args, job = checked_job(args)
+        elif not COMPLETION & set(args):
+            args, _ = resumed(args)
+            if problem := refusal(args, reachable=False):
+                raise ConfigError(problem)
+            _hydra_settings(args)
     except ConfigError as err:
         print(f"driftfl: error: {err}", file=sys.stderr)
         raise SystemExit(2) from None

@@ -31,6 +31,9 @@ from driftfl.strategies.aux_set import AuxSet
 class Method:
     strategy: type[DriftStrategy]  # the server side
     objective: str  # the clients' local objective unless strategy.objective says otherwise
+    # the server's update holds only for clients that train with this objective (SCAFFOLD's
+    # control variates, FedDyn's linear term): strategy.objective cannot change it
+    objective_fixed: bool = False
 
 
 METHODS: dict[str, Method] = {
@@ -48,8 +51,8 @@ METHODS: dict[str, Method] = {
     "fedcad": Method(FedCAD, "cad"),
     "feddisco": Method(FedAvg, "ce"),  # its yaml chooses aggregation=feddisco
     "dcfl": Method(DCFL, "ce"),  # its yaml chooses selection=cka
-    "scaffold": Method(Scaffold, "scaffold"),
-    "feddyn": Method(FedDyn, "dyn"),
+    "scaffold": Method(Scaffold, "scaffold", objective_fixed=True),
+    "feddyn": Method(FedDyn, "dyn", objective_fixed=True),
     "fedcurv": Method(FedCurv, "curv"),
 }
 
@@ -78,6 +81,10 @@ def method_settings(section: dict[str, Any]) -> Settings:
         lookup("objective", objective, OBJECTIVES)
     except ConfigError as err:
         raise ConfigError(f"{err} ({SPEC})") from None
+    if method.objective_fixed and objective != method.objective:
+        raise ConfigError(f"strategy={section['name']} needs objective={method.objective} (its "
+                          f"server's update assumes its clients train with it), got "
+                          f"strategy.objective={objective}; leave strategy.objective out")
     missing = OBJECTIVES[objective].needs - method.strategy.provides
     if missing:
         raise ConfigError(f"objective '{objective}' needs {', '.join(sorted(missing))} from the "

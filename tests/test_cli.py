@@ -64,6 +64,54 @@ def test_unknown_keys_and_bad_sweeps_are_refused_before_anything_is_written(args
     assert not (tmp_path / "run").exists() and not (tmp_path / "sweep").exists()
 
 
+DATA = ["dataset.subset=600", "dataset.test_subset=200"]  # where a regression would load data
+GRAMMAR = "(https://hydra.cc/docs/advanced/override_grammar/basic)"
+
+
+@pytest.mark.parametrize("args, message", [
+    # --cfg and --help run nothing, but check the overrides as a run does
+    (["--cfg", "job", "roundz=3"], "unknown setting roundz; did you mean rounds?"),
+    (["--cfg", "all", "model=vgg"], "unknown model 'vgg'; valid: cnn, lenet5, mlp, resnet18"),
+    (["--cfg", "hydra", "hydra.run.dirr=x"],
+     "unknown setting hydra.run.dirr; did you mean hydra.run.dir?"),
+    (["--info", "config", "roundz=3"], "unknown setting roundz; did you mean rounds?"),
+    (["--help", "roundz=3"], "unknown setting roundz; did you mean rounds?"),
+    # a traceback once Hydra had made the run directory (numpy's seed takes 32 bits)
+    (["seed=-1", *DATA], "seed must be in [0, 4294967295], got -1"),
+    (["rounds=99999999999999999999", *DATA],
+     "rounds must be in [1, 1000000], got 99999999999999999999"),  # was run
+    # refused only inside the launched ServerApp, after its files were written
+    (["strategy=scaffold", "strategy.objective=ce", *DATA],
+     "strategy=scaffold needs objective=scaffold (its server's update assumes its clients train "
+     "with it), got strategy.objective=ce; leave strategy.objective out"),
+    (["=3"], "the override =3 names no setting; write key=value, e.g. rounds=3"),
+    ([""], f"cannot read the override '': an override is key=value, e.g. rounds=3 {GRAMMAR}"),
+    (["rounds"], f"cannot read the override rounds: an override is key=value, e.g. rounds=3 "
+                 f"{GRAMMAR}"),
+    (["dataset="], "dataset= names no dataset; valid: cifar10, cifar100, emnist, fmnist, folder, "
+                   "mnist, npz, svhn"),
+    # Hydra wrote .hydra into the current directory
+    (["hydra.run.dir=", *DATA],
+     "hydra.run.dir is empty; name a directory, e.g. hydra.run.dir=outputs/first"),
+    (["-m", "seed=0,1", "hydra.sweep.dir=", *DATA],
+     "hydra.sweep.dir is empty; name a directory, e.g. hydra.sweep.dir=outputs/first"),
+    (["-m", "seed=0,1", "hydra.sweep.subdir=", *DATA],
+     "hydra.sweep.subdir is empty, so every job of the sweep would write the same directory; "
+     "leave it at its default (the job's number)"),
+    # Hydra's argparse prints its usage
+    (["rounds=1", "-m", "seed=0,1"],
+     "unrecognized arguments: seed=0,1; the flags (-m, --cfg, ...) go before the overrides, "
+     "which go together (driftfl run --help)"),
+    (["--cfg"], "argument --cfg/-c: expected one argument (driftfl run --help)"),
+])
+def test_bad_input_is_one_line_before_anything_is_written(args, message, tmp_path):
+    """The run and sweep directories default to folders below the current one, so an empty
+    current directory means no run directory, no .hydra and no sweep directory."""
+    out = driftfl("run", *args, cwd=tmp_path)
+    assert (out.returncode, out.stderr, out.stdout) == (2, f"driftfl: error: {message}\n", "")
+    assert not any(tmp_path.iterdir())
+
+
 def files_under(folder):
     """Every file below ``folder`` with its bytes."""
     return {p.relative_to(folder): p.read_bytes() for p in folder.rglob("*") if p.is_file()}

@@ -60,6 +60,41 @@ def test_unknown_key_is_refused_with_the_nearest_valid_name(override, message):
         compose([override])
 
 
+@pytest.mark.parametrize("overrides, message", [
+    # Hydra: a dozen lines, or a ValueError's traceback
+    (["dataset="], "dataset= names no dataset; valid: cifar10, cifar100, emnist, fmnist, folder, "
+                   "mnist, npz, svhn"),
+    (["model=3"], "model=3 names no model; valid: cnn, lenet5, mlp, resnet18"),
+    (["strategy=null"], "strategy=null names no strategy; valid: dcfl, fedavg, "),
+    (["=3"], "the override =3 names no setting; write key=value, e.g. rounds=3"),
+    # Hydra's advice is a defaults-list line
+    (["+dataset=mnist"],
+     "dataset is in the defaults already; choose another one without +: dataset=mnist"),
+    # a section's name mistyped: the section, not its key, is what was meant
+    (["partitoin.alpha=1"], "unknown setting partitoin; did you mean partition?"),
+    (["rounds=${nowhere}"], "rounds: Interpolation key 'nowhere' not found"),
+])
+def test_overrides_hydra_cannot_use_are_one_line(overrides, message):
+    with pytest.raises(ConfigError) as refused:
+        compose(overrides)
+    assert str(refused.value).startswith(message) and "\n" not in str(refused.value)
+
+
+@pytest.mark.parametrize("override, message", [
+    ("hydra.run.dirr=x", "unknown setting hydra.run.dirr; did you mean hydra.run.dir?"),
+    ("hydra.runn.dir=x", "unknown setting hydra.runn; did you mean hydra.run?"),
+    ("hydra.run.dir=${oops}", "hydra.run.dir: Interpolation key 'oops' not found"),
+    ("hydra.run.dir=null", "Error merging override hydra.run.dir=null: field 'hydra.run.dir' is "
+                           "not Optional"),
+])
+def test_hydra_settings_hydra_cannot_use_are_one_line(override, message):
+    from driftfl.common.config import hydra_section
+
+    with pytest.raises(ConfigError) as refused:
+        hydra_section([override])
+    assert str(refused.value) == message
+
+
 def test_required_settings_must_be_given():
     with pytest.raises(ConfigError, match=r"missing required setting\(s\): dataset.root"):
         compose(["dataset=folder"])
@@ -68,8 +103,24 @@ def test_required_settings_must_be_given():
 @pytest.mark.parametrize("override, message", [
     ("fraction=0", r"fraction must be in \(0, 1\], got 0"),
     ("fraction=1.5", r"fraction must be in \(0, 1\], got 1.5"),
-    ("rounds=0", "rounds must be >= 1"),
-    ("local_epochs=0", "local_epochs must be >= 1"),
+    ("rounds=0", r"rounds must be in \[1, 1000000\], got 0"),
+    # a slip of the keyboard is refused, not run for ever or overflowing an int64
+    ("rounds=99999999999999999999", r"rounds must be in \[1, 1000000\], got 99999999999999999999"),
+    ("local_epochs=0", r"local_epochs must be in \[1, 1000000\]"),
+    ("local_epochs=10000000", r"local_epochs must be in \[1, 1000000\], got 10000000"),
+    ("num_clients=10000000", r"num_clients must be in \[1, 1000000\], got 10000000"),
+    ("batch_size=10000000", r"batch_size must be in \[1, 1000000\], got 10000000"),
+    ("min_clients=10000000", r"min_clients must be in \[1, 1000000\], got 10000000"),
+    ("logit_shift_samples=10000000", r"logit_shift_samples must be in \[0, 1000000\]"),
+    ("eval_batch_size=10000000", r"eval_batch_size must be in \[1, 1000000\]"),
+    ("round_timeout=1e9", r"round_timeout must be in \(0, 2592000\], got 1000000000.0"),
+    ("node_wait=1e9", r"node_wait must be in \(0, 2592000\]"),
+    ("rejoin_wait=1e9", r"rejoin_wait must be in \[0, 2592000\]"),
+    # numpy's global seed takes 32 bits: the ServerApp refused these with a traceback
+    ("seed=-1", r"seed must be in \[0, 4294967295\], got -1"),
+    ("seed=4294967296", r"seed must be in \[0, 4294967295\], got 4294967296"),
+    ("simulation.client_gpus=2", r"simulation.client_gpus must be in \[0, 1\], got 2"),
+    ("simulation.client_cpus=2000", r"simulation.client_cpus must be in \[1, 1024\]"),
     ("lr=-0.1", "lr must be > 0"),
     ("momentum=1", r"momentum must be in \[0, 1\)"),
     ("batch_size=2.5", "batch_size must be a whole number"),
@@ -86,7 +137,7 @@ def test_required_settings_must_be_given():
     ("verbose=maybe", "verbose must be true or false, got 'maybe'"),
     ("+simulation.gpus=1",
      "unknown setting simulation.gpus; valid: simulation.client_cpus, simulation.client_gpus"),
-    ("simulation.client_cpus=0", "simulation.client_cpus must be >= 1"),
+    ("simulation.client_cpus=0", r"simulation.client_cpus must be in \[1, 1024\], got 0"),
     ("partition.alpha=0", "partition.alpha must be > 0, got 0"),
     ("partition=pathological partition.classes_per_client=11",
      r"classes_per_client must be in 1..10, got 11"),
@@ -110,6 +161,11 @@ def test_required_settings_must_be_given():
     ("strategy=fedgkd strategy.buffer_size=2.5", "strategy.buffer_size must be a whole number"),
     ("strategy.objective=csd", "objective 'csd' needs prototypes, teacher from the server, which "
                                "strategy 'fedavg' does not send"),
+    # the ServerApp refused these only once launched: check_experiment refuses them up front
+    ("strategy=scaffold strategy.objective=ce",
+     "strategy=scaffold needs objective=scaffold .*, got strategy.objective=ce"),
+    ("strategy=feddyn strategy.objective=prox",
+     "strategy=feddyn needs objective=dyn .*, got strategy.objective=prox"),
     ("strategy=fedssd strategy.aux_per_class=0", "strategy.aux_per_class must be >= 1, got 0"),
     ("strategy=fedssd strategy.aux_per_class=7000", "wants 7000 samples of class 0, which has only"),
     ("strategy=fedssd strategy.psi=cube", "unknown strategy.psi 'cube'; valid: identity, sqrt"),

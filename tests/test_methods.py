@@ -154,6 +154,18 @@ def test_another_objective_leaves_the_methods_own_settings_out():
     assert (cfg.strategy.beta, cfg.strategy.temperature) == (0.3, 1.0)  # the schema's defaults
 
 
+def test_a_method_whose_server_needs_its_own_objective_refuses_another_up_front():
+    """check_experiment is what `driftfl run` checks first and the ServerApp again: the
+    refusal came only from the ServerApp's build_strategy, minutes into a run."""
+    fixed = {name for name, method in METHODS.items() if method.objective_fixed}
+    assert fixed == {"scaffold", "feddyn"}
+    for name in fixed:
+        with pytest.raises(ConfigError, match=f"^strategy={name} needs objective="
+                                              f"{METHODS[name].objective} "):
+            check_experiment(compose([f"strategy={name}", "strategy.objective=ce"]))
+    assert check_experiment(compose(["strategy=fedcurv", "strategy.objective=ce"]))
+
+
 def test_a_methods_aggregation_comes_from_its_yaml_and_yields_to_the_command_line():
     assert compose(["strategy=fednova"]).aggregation.name == "fednova"
     assert compose(["strategy=fednova", "aggregation=mean"]).aggregation.name == "mean"

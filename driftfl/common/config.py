@@ -36,9 +36,20 @@ class Section(Settings):
     name: str
 
 
+# Upper bounds no real experiment comes near, so that a slip of the keyboard (rounds=1000000000)
+# is refused in one line rather than run for ever or overflow numpy, torch or Flower's int64
+# run config: a paper's longest runs are a few thousand rounds of a few hundred local epochs,
+# cross-device federations a few thousand clients per machine, and a 30-day timeout already
+# outlasts any round.
+MANY = 1_000_000  # rounds, clients, epochs, batch and sample sizes
+MONTH = 30 * 24 * 3600  # seconds: round_timeout, node_wait, rejoin_wait
+
+
 class SimulationSettings(Settings):
-    client_cpus: int = Field(1, ge=1)  # CPU cores (and torch threads) per simulated client
-    client_gpus: float = Field(0.0, ge=0)  # GPU share per simulated client; needs device=cuda
+    # CPU cores (and torch threads) per simulated client; more than a machine has
+    client_cpus: int = Field(1, ge=1, le=1024)
+    # GPU share per simulated client; needs device=cuda; a client trains on one GPU
+    client_gpus: float = Field(0.0, ge=0, le=1)
     # an existing Ray cluster to run the clients on ('auto' or its head's <host>:<port>, as
     # `ray start --head` prints it); None: a private Ray instance on this machine
     ray_address: str | None = None
@@ -61,28 +72,29 @@ class ExperimentConfig(Settings):
     dataset: SerializeAsAny[DatasetSettings]
     partition: SerializeAsAny[PartitionSettings]
     model: SerializeAsAny[ModelSettings]
-    num_clients: int = Field(10, ge=1)
+    num_clients: int = Field(10, ge=1, le=MANY)
     fraction: float = Field(1.0, gt=0, le=1)
     fraction_evaluate: float = Field(0.0, ge=0, le=1)
-    rounds: int = Field(5, ge=1)
-    local_epochs: int = Field(1, ge=1)
-    batch_size: int = Field(32, ge=1)
+    rounds: int = Field(5, ge=1, le=MANY)
+    local_epochs: int = Field(1, ge=1, le=MANY)
+    batch_size: int = Field(32, ge=1, le=MANY)
     lr: float = Field(0.05, gt=0)
     momentum: float = Field(0.9, ge=0, lt=1)
     weight_decay: float = Field(0.0, ge=0)
-    seed: int = 0
+    # numpy's global seed (the ServerApp's np.random.seed) takes 0 .. 2**32 - 1
+    seed: int = Field(0, ge=0, le=2**32 - 1)
     device: Literal["cpu", "cuda"] = "cpu"
-    eval_batch_size: int | None = Field(None, ge=1)  # None: by device (forward_batch_size)
-    logit_shift_samples: int = Field(256, ge=0)
-    round_timeout: float = Field(3600.0, gt=0)
+    eval_batch_size: int | None = Field(None, ge=1, le=MANY)  # None: by device (forward_batch_size)
+    logit_shift_samples: int = Field(256, ge=0, le=MANY)
+    round_timeout: float = Field(3600.0, gt=0, le=MONTH)
     # a client's update (and the aggregate) may move the model by at most this many times
     # the global model's norm (at least 1); a larger one is refused as corrupt or hostile
     max_update_ratio: float = Field(10.0, gt=0)
-    node_wait: float = Field(600.0, gt=0)
+    node_wait: float = Field(600.0, gt=0, le=MONTH)
     # deployment: a round goes on while at least min_clients are connected, after waiting up to
     # rejoin_wait seconds (once per loss) for a lost client to come back
-    min_clients: int = Field(1, ge=1)
-    rejoin_wait: float = Field(60.0, ge=0)
+    min_clients: int = Field(1, ge=1, le=MANY)
+    rejoin_wait: float = Field(60.0, ge=0, le=MONTH)
     simulation: SimulationSettings = SimulationSettings()
     # a deployed federation to run on: the name of a SuperLink connection in flwr's
     # config.toml ($FLWR_HOME, ~/.flwr); None: a private local simulation
@@ -149,23 +161,85 @@ def _composed(overrides: list[str]) -> dict:
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
+    _check_names(overrides)
     try:
         with initialize_config_dir(str(conf_dir()), version_base="1.3"):
             cfg = hydra_compose("config", overrides=overrides)
     except (HydraException, OmegaConfBaseException) as err:
         message = str(err)
         raise ConfigError(_unknown_option(message) or _unknown_override(message, overrides)
-                          or message.strip()) from err
+                          or _added_twice(message) or one_line(err)) from err
     return experiment_only(cfg)
 
 
+def first_line(message: str) -> str:
+    """Hydra's and OmegaConf's messages go on with details (full_key, object_type, ...) that
+    a person does not need."""
+    return next((line.strip() for line in message.splitlines() if line.strip()), message)
+
+
+def group_options(group: str) -> list[str]:
+    return sorted(path.stem for path in (conf_dir() / group).glob("*.yaml"))
+
+
+def _check_names(overrides: list[str]) -> None:
+    """Every override names a setting (not ``=3``), and a config group one of its options (not
+    ``dataset=``, ``dataset=3`` or ``dataset=null``): Hydra refuses those in many lines or with
+    a ValueError's traceback."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    try:
+        parsed = OverridesParser.create().parse_overrides(overrides)
+    except Exception:
+        return  # Hydra says what it cannot parse
+    for override in parsed:
+        group, value = override.key_or_group, override.value()
+        if not group:
+            raise ConfigError(f"the override {override.input_line} names no setting; write "
+                              "key=value, e.g. rounds=3")
+        if override.is_delete() or override.is_sweep_override():
+            continue
+        if (conf_dir() / group).is_dir() and not (value and isinstance(value, str | list)):
+            raise ConfigError(f"{override.input_line} names no {group}; valid: "
+                              f"{', '.join(group_options(group))}")
+
+
 def hydra_section(overrides: list[str]) -> DictConfig:
-    """Hydra's own settings (``hydra.run.dir``, ...) under these ``hydra.*`` overrides."""
+    """Hydra's own settings (``hydra.run.dir``, ...) under these ``hydra.*`` overrides, its
+    directories resolved (``${now:...}``); ConfigError names the first problem."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
 
-    with initialize_config_dir(str(conf_dir()), version_base="1.3"):
-        return hydra_compose("config", overrides=overrides, return_hydra_config=True).hydra
+    try:
+        with initialize_config_dir(str(conf_dir()), version_base="1.3"):
+            hydra = hydra_compose("config", overrides=overrides, return_hydra_config=True).hydra
+        str(hydra.run.dir), str(hydra.sweep.dir)
+    except (HydraException, OmegaConfBaseException, ValueError) as err:
+        raise ConfigError(_unknown_override(str(err), overrides, _hydra_keys)
+                          or one_line(err)) from None
+    return hydra
+
+
+def _hydra_keys(overrides: list[str]) -> list[str]:
+    return [f"hydra.{key}" for key, _ in _flat(OmegaConf.to_container(hydra_section(overrides)))]
+
+
+def _experiment_keys(overrides: list[str]) -> list[str]:
+    return [key for key, _ in _flat(_composed(overrides))]
+
+
+def one_line(err: Exception) -> str:
+    """An OmegaConf or Hydra error in one line: the key it is about, or Hydra's first line and
+    the OmegaConf error under it ("Error merging override hydra.run.dir=null: field ...")."""
+    key, cause = getattr(err, "full_key", None), err.__cause__
+    line = first_line(getattr(err, "msg", None) or str(err))
+    if key:
+        return f"{key}: {line}"
+    if cause is not None and hasattr(cause, "full_key"):
+        return f"{line.rstrip('.')}: {first_line(getattr(cause, 'msg', None) or str(cause))}"
+    return line
 
 
 def _unknown_option(message: str) -> str | None:
@@ -175,13 +249,26 @@ def _unknown_option(message: str) -> str | None:
     if not found:
         return None
     group, name = found.groups()
-    options = sorted(path.stem for path in (conf_dir() / group).glob("*.yaml"))
+    options = group_options(group)
     return f"unknown {group} '{name}'; valid: {', '.join(options)}" if options else None
 
 
-def _unknown_override(message: str, overrides: list[str]) -> str | None:
+def _added_twice(message: str) -> str | None:
+    """``+dataset=mnist`` adds a group the defaults already hold: Hydra's advice is about
+    writing a defaults list; on the command line the fix is to drop the +."""
+    found = re.search(r"Multiple values for ([\w.]+)\. To override a value use "
+                      r"'override [\w.]+: ([^']*)'", message)
+    if not found:
+        return None
+    group, name = found.groups()
+    return f"{group} is in the defaults already; choose another one without +: {group}={name}"
+
+
+def _unknown_override(message: str, overrides: list[str],
+                      keys_of: Callable[[list[str]], list[str]] = _experiment_keys) -> str | None:
     """Hydra refuses a key the config lacks with advice to add it (`+roundz=3`), which only
-    adds a key nothing reads: name the valid key it most likely meant instead."""
+    adds a key nothing reads: name the valid key it most likely meant instead, among the keys
+    ``keys_of`` the other overrides gives."""
     found = re.search(r"Could not override '([^']+)'", message)
     if not found:
         return None
@@ -191,19 +278,29 @@ def _unknown_override(message: str, overrides: list[str]) -> str | None:
         given = next((o.lstrip("+~") for o in overrides if o not in rest), f"{key}=...")
         return f"{key} is not in the defaults; add it with +{given}"
     try:
-        keys = [k for k, _ in _flat(_composed(rest))]
+        keys = keys_of(rest)
     except ConfigError:
         return None
-    section, _, leaf = key.rpartition(".")
-    scope = f"{section}." if section else ""
-    # the keys beside it: a section's settings, or the top level's keys and sections
+    # its first part the config lacks (`partitoin` of partitoin.alpha), and the keys beside
+    # that: a section's settings, or the top level's keys and sections
+    parts, known = key.split("."), {tuple(k.split(".")[:n]) for k in keys
+                                    for n in range(1, k.count(".") + 2)}
+    depth = next((n for n in range(len(parts)) if tuple(parts[:n + 1]) not in known), None)
+    if depth is None:
+        return None
+    scope = "".join(f"{part}." for part in parts[:depth])
     beside = {k[len(scope):].split(".")[0] for k in keys if k.startswith(scope)}
-    return unknown_key(leaf, beside, scope) if beside else None
+    return unknown_key(parts[depth], beside, scope) if beside else None
 
 
 def experiment_only(cfg: DictConfig) -> dict:
     """The experiment without Hydra's own section, with every interpolation resolved."""
-    data = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False)
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        data = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False)
+    except OmegaConfBaseException as err:  # ${...} that does not resolve
+        raise ConfigError(one_line(err)) from None
     data.pop("hydra", None)
     missing = [key for key, value in _flat(data) if value == "???"]
     if missing:

@@ -73,7 +73,7 @@ def unknown_key(key: str, valid: Iterable[str], prefix: str = "") -> str:
 
 
 def _number(value: float) -> str:
-    return f"{value:g}"
+    return str(value) if isinstance(value, int) else f"{value:g}"  # a whole bound in full
 
 
 def _bounds(metadata: Iterable) -> str | None:

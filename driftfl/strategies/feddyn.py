@@ -15,8 +15,6 @@ from logging import WARNING
 import numpy as np
 from flwr.supercore import log
 
-from driftfl.common.errors import ConfigError
-
 from .aggregation import to_record
 from .base import DriftStrategy
 
@@ -51,9 +49,6 @@ class FedDyn(DriftStrategy):
 
     @classmethod
     def arguments(cls, settings, *, model, aux_set, experiment, **_):
-        if settings.objective != "dyn":
-            raise ConfigError(f"strategy=feddyn needs objective=dyn (its clients' linear "
-                              f"term), got objective={settings.objective}")
         return {"param_keys": tuple(n for n, p in model.named_parameters() if p.requires_grad),
                 "num_clients": experiment.num_clients, "alpha": settings.alpha}
 

@@ -17,7 +17,6 @@ import math
 import numpy as np
 from flwr.app import Message
 
-from driftfl.common.errors import ConfigError
 from driftfl.common.protocol import CONTROL, CONTROL_DELTA, LOCAL_STEPS
 from driftfl.common.sgd import nova_normaliser
 
@@ -87,9 +86,6 @@ class Scaffold(DriftStrategy):
 
     @classmethod
     def arguments(cls, settings, *, model, aux_set, experiment, **_):
-        if settings.objective != "scaffold":
-            raise ConfigError(f"strategy=scaffold needs objective=scaffold (its clients' control "
-                              f"variates), got objective={settings.objective}")
         return {"param_keys": tuple(n for n, p in model.named_parameters() if p.requires_grad),
                 "num_clients": experiment.num_clients, "lr": experiment.lr,
                 "momentum": experiment.momentum, "divisor": settings.divisor}
