@@ -80,7 +80,7 @@ def _run_job(cfg, hydra_subdir: str | None = None, keep: Path | None = None,
         if resume and not deployed:  # a deployed run's ServerApp checks its own checkpoint
             from driftfl.server import checkpoint
 
-            checkpoint.load(run_dir, experiment_cfg)
+            checkpoint.check(run_dir, experiment)
     except ConfigError as err:
         _remove_empty(run_dir, keep)
         print(f"driftfl: error: {err}", file=sys.stderr)

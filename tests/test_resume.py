@@ -15,7 +15,7 @@ from driftfl.common.config import compose
 from driftfl.common.errors import ConfigError
 from driftfl.common.protocol import CONFIG, SERVER_ROUND
 from driftfl.methods import METHODS
-from driftfl.server import checkpoint
+from driftfl.server import checkpoint, treefile
 from driftfl.server.app import run_experiment
 from driftfl.server.experiment import prepare_experiment
 from test_methods import TINY, InProcessGrid
@@ -65,17 +65,24 @@ def rows_without_timing(run_dir):
             for r in rows]
 
 
-@pytest.mark.parametrize("name", sorted(set(METHODS) - CLIENT_STATE))
+# FedCSD's prototypes=previous keeps the last round's P_G for the next (exchange: made anew)
+VARIANTS = [pytest.param(name, [], id=name) for name in sorted(set(METHODS) - CLIENT_STATE)] + [
+    pytest.param("fedcsd", ["strategy.prototypes=previous"], id="fedcsd-previous")]
+
+
+@pytest.mark.parametrize("name, more", VARIANTS)
 def test_a_run_stopped_in_its_last_round_and_resumed_ends_as_the_uninterrupted_one(
-        name, tmp_path, fmnist_available, server_task):
+        name, more, tmp_path, fmnist_available, server_task):
     whole, stopped = tmp_path / "whole", tmp_path / "stopped"
-    run_experiment(InProcessGrid(nodes(100)), experiment(name), whole, run_id=1)
+    run_experiment(InProcessGrid(nodes(100)), experiment(name, *more), whole, run_id=1)
     with pytest.raises(Stopped):
-        run_experiment(StoppingGrid(nodes(100), stop=3), experiment(name), stopped, run_id=2)
-    assert torch.load(stopped / checkpoint.CHECKPOINT, weights_only=False)["round"] == 2
+        run_experiment(StoppingGrid(nodes(100), stop=3), experiment(name, *more), stopped,
+                       run_id=2)
+    assert treefile.read(stopped / checkpoint.CHECKPOINT)["round"] == 2
     assert not (stopped / "summary.json").exists()
 
-    run_experiment(InProcessGrid(nodes(200)), experiment(name), stopped, run_id=3, resume=True)
+    run_experiment(InProcessGrid(nodes(200)), experiment(name, *more), stopped, run_id=3,
+                   resume=True)
 
     final, resumed = (torch.load(d / "model.pt") for d in (whole, stopped))
     assert final.keys() == resumed.keys()
@@ -93,8 +100,9 @@ def test_a_different_experiment_or_a_finished_run_is_refused_with_one_line(
     with pytest.raises(ConfigError, match=r"cannot resume .*: its experiment differs in "
                                           r"lr \(0.05 there, 0.01 here\); resume with the "
                                           r"overrides it ran with"):
-        checkpoint.load(tmp_path, other.cfg)  # round_timeout may differ: how, not what
+        checkpoint.check(tmp_path, other)  # round_timeout may differ: how, not what
     with pytest.raises(ConfigError, match="it has no checkpoint.pt"):
-        checkpoint.load(tmp_path / "nothing", other.cfg)
+        checkpoint.check(tmp_path / "nothing", other)
     with pytest.raises(ConfigError, match=r"rounds \(3 there, 1 here\)"):
-        checkpoint.load(tmp_path, experiment("fedavg", "rounds=1").cfg)
+        checkpoint.check(tmp_path, experiment("fedavg", "rounds=1"))
+    assert checkpoint.check(tmp_path, experiment("fedavg", "round_timeout=60"))["round"] == 1

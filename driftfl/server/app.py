@@ -66,10 +66,10 @@ def run_experiment(grid: Grid, experiment: Experiment, run_dir: Path, run_id: in
         logging.getLogger("flwr").setLevel(logging.WARNING)
     random.seed(cfg.seed)
     np.random.seed(cfg.seed)
-    saved = checkpoint.load(run_dir, cfg) if resume else None
-    recorder = RunRecorder(run_dir, cfg, run_id, saved)
     model = experiment.initial_model()
     strategy = build_strategy(cfg, model, experiment.aux_set(model))
+    saved = checkpoint.load(run_dir, cfg, model, strategy) if resume else None
+    recorder = RunRecorder(run_dir, cfg, run_id, saved)
     # what every message to a client carries: the experiment and how to read its data
     experiment_record = ConfigRecord({EXPERIMENT: cfg.to_json(),
                                       DATASET_META: experiment.meta.to_json()})

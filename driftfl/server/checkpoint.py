@@ -1,11 +1,18 @@
 """After every round the server saves what it needs to go on from there (checkpoint.pt in the
-run directory): the global model, the strategy's whole server state (momentum, teachers and
-buffers, prototypes, control variates, DCFL's store, ...: every attribute but the few below that
-belong to one round or one process), the random generators' states and the metrics so far.
+run directory): the global model, the strategy's server state (momentum, teachers and buffers,
+prototypes, control variates, DCFL's store, ...), the random generators' states and the metrics
+so far.
 
 ``driftfl run <overrides> resume=<run dir>`` then runs the rounds after the last complete one
-and ends with the same model and rows as the run that was not interrupted. The file is a pickle
-(Python objects of the strategy): resume only run directories you trust.
+and ends with the same model and rows as the run that was not interrupted.
+
+The file holds arrays and JSON only (``treefile``: a NumPy archive read without pickle), so
+reading it runs nothing. Before anything runs, a checkpoint is checked against the experiment
+and against a freshly built model and strategy: the model's arrays must have their names,
+shapes and dtypes and be finite; the strategy state must be what a strategy of this experiment
+keeps, attribute for attribute, of the same types (arrays: dtypes and shapes). A strategy's
+settings (what its constructor takes: max_update_ratio, the learning rates, ...) come from the
+experiment and are never read from the file. Any other file is refused in one line.
 
 What a client keeps between rounds (SCAFFOLD's c_k, MOON's previous model) is the client's, not
 in the checkpoint: after a resume those methods start it again, as for a client that joins late.
@@ -13,18 +20,27 @@ in the checkpoint: after a resume those methods start it again, as for a client 
 
 from __future__ import annotations
 
+import inspect
 import json
-import os
+import math
 import random
+from functools import cache
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
+from torch import nn
 
 from driftfl.common.config import ExperimentConfig
 from driftfl.common.errors import ConfigError
+from driftfl.common.protocol import model_to_arrays
+
+from . import treefile
 
 CHECKPOINT = "checkpoint.pt"
+FORMAT = "driftfl checkpoint"
+VERSION = 2  # 1 was the pickle of earlier driftfl, refused unread
 # strategy attributes that belong to one round (the replies, the round's report) or to one
 # process (the roster holds the grid): made afresh, never saved
 TRANSIENT = frozenset({"roster", "last_updates", "report"})
@@ -33,29 +49,39 @@ TRANSIENT = frozenset({"roster", "last_updates", "report"})
 OPERATIONAL = frozenset({"verbose", "tracker", "node_wait", "round_timeout", "min_clients",
                          "rejoin_wait", "simulation.ray_address", "simulation.client_gpus",
                          "superlink"})
+KEYS = ("format", "version", "round", "config", "arrays", "strategy", "rng", "rows",
+        "recorded", "seconds")
+ROW_NUMBERS = ("round", "test_accuracy", "test_loss", "model_updated", "bytes_sent",
+               "bytes_received")  # what the run's summary reads from every row
+ADVICE = "resume another run directory, or run without resume= to start afresh"
 
 
 def save(run_dir: Path, server_round: int, arrays: dict[str, np.ndarray], strategy,
          rows: list[dict], recorded: dict, seconds: float, cfg: ExperimentConfig) -> None:
     """Write the checkpoint after ``server_round``; atomic (a kill mid-write keeps the last)."""
-    state = {"round": server_round, "config": cfg.model_dump(mode="json"), "arrays": arrays,
-             "strategy": {k: v for k, v in vars(strategy).items() if k not in TRANSIENT},
-             "rng": {"python": random.getstate(), "numpy": np.random.get_state(),
-                     "torch": torch.get_rng_state()},
-             "rows": rows, "recorded": recorded, "seconds": seconds}
-    partial = run_dir / f"{CHECKPOINT}.partial"
-    torch.save(state, partial)
-    os.replace(partial, run_dir / CHECKPOINT)
+    treefile.write(Path(run_dir) / CHECKPOINT, {
+        "format": FORMAT, "version": VERSION, "round": server_round,
+        "config": cfg.model_dump(mode="json"), "arrays": arrays,
+        "strategy": state_of(strategy),
+        "rng": {"python": random.getstate(), "numpy": np.random.get_state(),
+                "torch": torch.get_rng_state()},
+        "rows": rows, "recorded": recorded, "seconds": seconds})
 
 
-def load(run_dir: Path, cfg: ExperimentConfig) -> dict:
-    """The checkpoint of ``run_dir``, once its run is known to be this experiment;
-    ConfigError says why it cannot be resumed."""
+def load(run_dir: Path, cfg: ExperimentConfig, model: nn.Module, strategy) -> dict:
+    """The checkpoint of ``run_dir``, once it is known to be a checkpoint of this experiment
+    that fits ``model`` and ``strategy`` (both freshly built for it); ConfigError says in one
+    line why it cannot be resumed."""
     path = Path(run_dir) / CHECKPOINT
     if not path.is_file():
         raise ConfigError(f"cannot resume {run_dir}: it has no {CHECKPOINT} (a run writes one "
                           "after every round; choose the run directory of a stopped run)")
-    state = torch.load(path, weights_only=False)  # pickle: see the module's note
+    try:
+        state = treefile.read(path)
+    except treefile.UnreadableTree as err:
+        raise ConfigError(f"cannot resume {run_dir}: its {CHECKPOINT} {err}; {ADVICE}") from None
+    if problem := malformed(state):
+        raise ConfigError(f"cannot resume {run_dir}: its {CHECKPOINT} {problem}; {ADVICE}")
     differ = differences(state["config"], cfg.model_dump(mode="json"))
     if differ:
         raise ConfigError(f"cannot resume {run_dir}: its experiment differs in "
@@ -63,7 +89,202 @@ def load(run_dir: Path, cfg: ExperimentConfig) -> dict:
                           f"(its config.yaml)")
     if state["round"] >= cfg.rounds:
         raise ConfigError(f"cannot resume {run_dir}: all {cfg.rounds} rounds are done")
+    if problem := unfit(state, model, strategy):
+        raise ConfigError(f"cannot resume {run_dir}: its {CHECKPOINT} {problem}; {ADVICE}")
     return state
+
+
+def check(run_dir: Path, experiment) -> dict:
+    """``load`` against a model and strategy built for ``experiment`` (a prepared Experiment),
+    as the run will build them: for the checks before a run is launched."""
+    from driftfl.methods import build_strategy
+
+    model = experiment.initial_model()
+    return load(run_dir, experiment.cfg, model,
+                build_strategy(experiment.cfg, model, experiment.aux_set(model)))
+
+
+def malformed(state: Any) -> str | None:
+    """What is wrong with the checkpoint's layout (None: nothing)."""
+    if not (isinstance(state, dict) and is_json(state.get("format"))
+            and state["format"] == FORMAT):
+        return "is not a driftfl checkpoint"
+    version = state.get("version")
+    if not (type(version) is int and version == VERSION):
+        return f"has format version {version!r:.40}; this driftfl reads version {VERSION}"
+    if missing := [k for k in KEYS if k not in state]:
+        return f"lacks {', '.join(missing)}"
+    if unknown := [str(k) for k in state if k not in KEYS]:
+        return f"holds what no checkpoint holds: {', '.join(unknown)}"
+    rows, server_round = state["rows"], state["round"]
+    if type(server_round) is not int or server_round < 1:
+        return f"has round {server_round!r:.40}; a checkpoint is saved after a round 1 or later"
+    if not (isinstance(state["config"], dict) and is_json(state["config"])):
+        return "has no experiment config"
+    if not (isinstance(rows, list) and len(rows) == server_round + 1 and is_json(rows)
+            and all(isinstance(r, dict) and all(isinstance(r.get(k), (int, float)) for k in
+                                                ROW_NUMBERS) and r["round"] == i
+                    for i, r in enumerate(rows))):
+        return (f"has no metrics row for each of rounds 0..{server_round} (each with "
+                f"{', '.join(ROW_NUMBERS)})")
+    recorded = state["recorded"]
+    if not (isinstance(recorded, dict) and all(
+            isinstance(k, str) and isinstance(v, dict)
+            and all(isinstance(a, np.ndarray) for a in v.values()) for k, v in recorded.items())):
+        return "has per-round arrays that are not arrays by name and round"
+    if not (isinstance(state["seconds"], float) and 0 <= state["seconds"] < math.inf):
+        return f"has run time {state['seconds']!r:.40}; expected seconds"
+    return bad_random(state["rng"])
+
+
+def is_json(value: Any) -> bool:
+    """Whether ``value`` is what JSON holds (the config, the metrics rows)."""
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and is_json(v) for k, v in value.items())
+    if isinstance(value, list):
+        return all(is_json(v) for v in value)
+    return value is None or isinstance(value, (bool, int, float, str))
+
+
+def bad_random(rng: Any) -> str | None:
+    """Why the saved random generators' states cannot be restored (None: they can); tried on
+    generators of their own, so the process's stay as they are."""
+    try:
+        random.Random().setstate(rng["python"])
+        np.random.RandomState().set_state(rng["numpy"])
+        if not (isinstance(rng["torch"], torch.Tensor) and rng["torch"].dtype == torch.uint8):
+            raise TypeError("torch's state is not bytes")
+        torch.Generator().set_state(rng["torch"])
+    except Exception as err:
+        return f"has random generators' states that cannot be restored ({err})"
+    return None
+
+
+def unfit(state: dict, model: nn.Module, strategy) -> str | None:
+    """Why the saved model or strategy state does not fit this experiment's (None: it does)."""
+    saved = state["arrays"]
+    expected = {k: v.numpy() for k, v in model_to_arrays(model).items()}
+    if not isinstance(saved, dict) or list(saved) != list(expected):
+        names = list(saved) if isinstance(saved, dict) else type(saved).__name__
+        return f"holds a model with arrays {names}; this experiment's model has {list(expected)}"
+    for name, want in expected.items():
+        have = saved[name]
+        if not (isinstance(have, np.ndarray) and have.dtype == want.dtype
+                and have.shape == want.shape):
+            got = f"{have.dtype} {have.shape}" if isinstance(have, np.ndarray) else "no array"
+            return (f"holds the model array {name} as {got}; this experiment's model has "
+                    f"{want.dtype} {want.shape}")
+        if have.dtype.kind in "fc" and not np.isfinite(have).all():
+            return f"holds a model whose {name} has NaN or infinite values"
+    problem = unlike_state(state["strategy"], strategy, "")
+    return f"holds strategy state that {problem}" if problem else None
+
+
+# -- the strategy's state ------------------------------------------------------------------
+@cache
+def settings_of(cls: type) -> frozenset[str]:
+    """What an object of ``cls`` is built with: every named argument of the constructors in
+    its class hierarchy. The experiment fixes them; they are never saved or restored."""
+    names = set()
+    for klass in cls.__mro__:
+        init = vars(klass).get("__init__")
+        if inspect.isfunction(init):
+            names |= {p.name for p in inspect.signature(init).parameters.values()
+                      if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    return frozenset(names - {"self"})
+
+
+def is_part(value: Any) -> bool:
+    """A driftfl object a strategy is built from or keeps (its selection, its aggregation,
+    DCFL's round log, ...): its state is saved attribute by attribute. Models are not parts:
+    a strategy's models are scratch copies (the global model is the checkpoint's arrays)."""
+    return (type(value).__module__.startswith("driftfl.") and hasattr(value, "__dict__")
+            and not isinstance(value, nn.Module) and not isinstance(value, type))
+
+
+def state_names(obj: Any) -> list[str]:
+    """The attributes of ``obj`` (a strategy or a part) that a checkpoint keeps."""
+    return [name for name, value in vars(obj).items() if name not in TRANSIENT
+            and (state_names(value) if is_part(value) else name not in settings_of(type(obj)))]
+
+
+def state_of(obj: Any) -> dict[str, Any]:
+    """The state of a strategy or a part: a part's as a dict of its own."""
+    return {name: state_of(value) if is_part(value) else value
+            for name in state_names(obj) for value in [getattr(obj, name)]}
+
+
+def unlike_state(saved: Any, obj: Any, path: str) -> str | None:
+    """Why ``saved`` cannot be the state of ``obj``, a freshly built strategy or part (None:
+    it can); ``path`` names ``obj`` in the message."""
+    names = state_names(obj)
+    if not isinstance(saved, dict):
+        whole = f"has {path.rstrip('.')} as" if path else "is"
+        return f"{whole} a {type(saved).__name__}, not attributes by name"
+    if unknown := [str(k) for k in saved if k not in names]:
+        settings = " (a setting: this experiment's, never a checkpoint's)" if any(
+            k in settings_of(type(obj)) for k in unknown) else ""
+        return (f"sets {', '.join(path + k for k in unknown)}, which a "
+                f"{type(obj).__name__} of this experiment does not keep as state{settings}")
+    if missing := [k for k in names if k not in saved]:
+        return f"lacks {', '.join(path + k for k in missing)}"
+    for name in names:
+        fresh = getattr(obj, name)
+        problem = (unlike_state(saved[name], fresh, f"{path}{name}.") if is_part(fresh)
+                   else unlike(saved[name], fresh, path + name))
+        if problem:
+            return problem
+    return None
+
+
+def unlike(saved: Any, fresh: Any, name: str) -> str | None:
+    """Why ``saved`` cannot stand where a fresh strategy has ``fresh`` (None: it can). State
+    that a strategy makes in its first round (None before) can only be checked then."""
+    if fresh is None:
+        return None
+    if type(saved) is not type(fresh):
+        return (f"has {name} as a {type(saved).__name__}; this experiment's strategy keeps a "
+                f"{type(fresh).__name__}")
+    if isinstance(fresh, np.ndarray) and (
+            saved.dtype != fresh.dtype or (saved.shape != fresh.shape if fresh.size
+                                           else saved.ndim != fresh.ndim)):
+        return (f"has {name} as a {saved.dtype} array of shape {saved.shape}; this "
+                f"experiment's strategy keeps {fresh.dtype} {fresh.shape}")
+    if getattr(fresh, "maxlen", None) != getattr(saved, "maxlen", None):  # deques
+        return f"has {name} of length at most {saved.maxlen}; this experiment's is {fresh.maxlen}"
+    if isinstance(fresh, dict):
+        for key in fresh.keys() & saved.keys():
+            if problem := unlike(saved[key], fresh[key], f"{name}[{key!r}]"):
+                return problem
+    return None
+
+
+def restore(strategy, state: dict, clients: list[dict]) -> dict[int, int]:
+    """Put the saved server state into a freshly built strategy, before it meets this run's
+    clients: state keyed by node id follows each partition to its node id in this run.
+    Returns those moves (old -> new node id)."""
+    put_state(strategy, state["strategy"])
+    now = {c["partition_id"]: c["node_id"] for c in clients if c["partition_id"] >= 0}
+    saved = state["strategy"].get("node_rank", {})
+    moved = {old: now[p] for old, p in saved.items()
+             if isinstance(p, int) and p in now and now[p] != old}
+    strategy.rekey(moved)
+    return moved
+
+
+def put_state(obj: Any, saved: dict[str, Any]) -> None:
+    for name, value in saved.items():
+        if is_part(getattr(obj, name)):
+            put_state(getattr(obj, name), value)
+        else:
+            setattr(obj, name, value)
+
+
+def restore_random(state: dict) -> None:
+    """The random generators as they were after the saved round."""
+    random.setstate(state["rng"]["python"])
+    np.random.set_state(state["rng"]["numpy"])
+    torch.set_rng_state(state["rng"]["torch"])
 
 
 def differences(saved: dict, wanted: dict, prefix: str = "") -> list[str]:
@@ -79,22 +300,3 @@ def differences(saved: dict, wanted: dict, prefix: str = "") -> list[str]:
         elif a != b:
             found.append(f"{prefix}{key} ({json.dumps(a)} there, {json.dumps(b)} here)")
     return found
-
-
-def restore(strategy, state: dict, clients: list[dict]) -> dict[int, int]:
-    """Put the saved server state into a freshly built strategy, before it meets this run's
-    clients: state keyed by node id follows each partition to its node id in this run.
-    Returns those moves (old -> new node id)."""
-    vars(strategy).update(state["strategy"])
-    now = {c["partition_id"]: c["node_id"] for c in clients if c["partition_id"] >= 0}
-    saved = state["strategy"].get("node_rank", {})
-    moved = {old: now[p] for old, p in saved.items() if p in now and now[p] != old}
-    strategy.rekey(moved)
-    return moved
-
-
-def restore_random(state: dict) -> None:
-    """The random generators as they were after the saved round."""
-    random.setstate(state["rng"]["python"])
-    np.random.set_state(state["rng"]["numpy"])
-    torch.set_rng_state(state["rng"]["torch"])

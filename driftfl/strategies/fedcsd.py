@@ -80,22 +80,23 @@ class FedCSDSettings(StrategySettings):
 
 
 class FedCSD(EMATeacher):
-    """``prototypes``: exchange, previous or local (the objective's setting: where P comes
-    from); ``num_classes``: the rows of P_G."""
+    """``source``: exchange, previous or local (the objective's ``prototypes`` setting: where
+    P comes from); ``num_classes``: the rows of P_G."""
 
     Settings = FedCSDSettings
     provides = frozenset({TEACHER, PROTOTYPES})
 
-    def __init__(self, *, prototypes: str, num_classes: int, **kwargs):
+    def __init__(self, *, source: str, num_classes: int, **kwargs):
         super().__init__(**kwargs)
-        self.one_exchange = prototypes == "previous"
-        self.local = prototypes == "local"  # each client its own P: nothing exchanged
+        self.one_exchange = source == "previous"
+        self.local = source == "local"  # each client its own P: nothing exchanged
         self.num_classes = num_classes
+        self.prototypes: np.ndarray | None = None  # P_G
 
     @classmethod
     def arguments(cls, settings, *, model, aux_set, **_):
         return {"alpha": settings.alpha if settings.tma else 0.0,
-                "prototypes": settings.prototypes,
+                "source": settings.prototypes,
                 "num_classes": model.head.out_features}
 
     def gather(self, replies) -> tuple[list[int], np.ndarray]:

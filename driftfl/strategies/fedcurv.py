@@ -54,6 +54,7 @@ class FedCurv(DriftStrategy):
         self.fisher: dict[int, dict[str, np.ndarray]] = {}  # node -> F_k
         self.weighted: dict[int, dict[str, np.ndarray]] = {}  # node -> F_k * w_k
         self.checked: dict[int, dict[str, np.ndarray]] = {}  # this round's checked F_k
+        self.totals: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # key -> the sums of both
 
     @classmethod
     def arguments(cls, settings, *, model, aux_set, **_):

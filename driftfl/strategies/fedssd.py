@@ -19,6 +19,7 @@ class FedSSD(DriftStrategy):
     def __init__(self, *, aux_set: AuxSet, **kwargs):
         super().__init__(**kwargs)
         self.aux_set = aux_set
+        self.credibility: np.ndarray | None = None  # this round's, from the aux set
 
     @classmethod
     def arguments(cls, settings, *, model, aux_set, **_):

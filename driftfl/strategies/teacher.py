@@ -89,6 +89,7 @@ class FedGKD(TeacherStrategy):
     def __init__(self, *, buffer_size: int, **kwargs):
         super().__init__(**kwargs)
         self.buffer_size = buffer_size
+        self.buffer: deque[dict[str, np.ndarray]] = deque(maxlen=buffer_size)
 
     @classmethod
     def arguments(cls, settings, *, model, aux_set, **_):
