@@ -5,7 +5,9 @@
     driftfl run -m [sweep overrides]    a Hydra multirun: one run directory per job
     driftfl report DIR...               tables and plots over many runs
     driftfl split DIR [overrides]       each client's share of the data as its own file
-    driftfl secure init|register|proxy  credentials, node registration, the fleet proxy
+    driftfl secure init|connect|register|proxy
+                                        credentials, connections, node registration, the
+                                        fleet proxy
 """
 
 from __future__ import annotations
@@ -41,9 +43,9 @@ commands:
   split DIR [overrides]
                       write each client's share of the experiment's partition to
                       DIR/client-<k>.npz, for SuperNodes that hold only their own data
-  secure init|register|proxy
+  secure init|connect|register|proxy
                       a secure deployment: the CA, the SuperLink's certificate and node keys;
-                      registering node keys; the proxy that lets nodes reach only the Fleet
+                      a SuperLink connection for flwr; registering node keys; the proxy that lets nodes reach only the Fleet
                       API (driftfl secure --help)
 """
 
@@ -323,7 +325,14 @@ def run(args: list[str]) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    argv = sys.argv[1:] if argv is None else argv
+    try:
+        dispatch(sys.argv[1:] if argv is None else argv)
+    except KeyboardInterrupt:  # Ctrl-C before a run started (a run says more itself)
+        print("driftfl: stopped", file=sys.stderr)
+        raise SystemExit(130) from None
+
+
+def dispatch(argv: list[str]) -> None:
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(USAGE, end="")
         return

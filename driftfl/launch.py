@@ -148,6 +148,21 @@ def check_destination(cfg: ExperimentConfig) -> None:
         check_ray_address(cfg.simulation.ray_address)
 
 
+def follow(command: list[str], env: dict[str, str], verbose: bool) -> int:
+    """Run `flwr run ... --stream`, printing its lines as they come (Flower's and Ray's noise
+    left out unless ``verbose``); its exit code."""
+    from driftfl.quiet import relay
+
+    with subprocess.Popen(command, env=env, cwd=APP_DIR, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, bufsize=1) as flwr:
+        try:
+            relay(flwr.stdout, verbose)
+        finally:
+            if flwr.poll() is None:  # stopped by Ctrl-C or SIGTERM: flwr only streams logs
+                flwr.terminate()
+    return flwr.returncode
+
+
 def _exit_on_sigterm(signum, frame):
     raise SystemExit(128 + signum)  # unwinds through `finally`, which stops the SuperLink
 
@@ -179,14 +194,15 @@ def launch_simulation(cfg: ExperimentConfig, overrides: list[str], run_dir: Path
             federation = (f"num_supernodes={cfg.num_clients} "
                           f"client_resources_num_cpus={cfg.simulation.client_cpus} "
                           f"client_resources_num_gpus={cfg.simulation.client_gpus}")
-            subprocess.run([_tool("flwr"), "run", str(APP_DIR), CONNECTION,
-                            "--run-config", run_config_arg(overrides, run_dir, resume),
-                            "--federation-config", federation, "--stream"],
-                           env=env, cwd=APP_DIR, check=False)
-        except (SystemExit, KeyboardInterrupt):
+            follow([_tool("flwr"), "run", str(APP_DIR), CONNECTION,
+                    "--run-config", run_config_arg(overrides, run_dir, resume),
+                    "--federation-config", federation, "--stream"], env, cfg.verbose)
+        except (SystemExit, KeyboardInterrupt) as stopped:
             stop(superlink)
-            print(f"driftfl: stopped.{resume_hint(run_dir, overrides)}", file=sys.stderr)
-            raise
+            print(f"driftfl: stopped{resume_hint(run_dir, overrides, '; ')}", file=sys.stderr)
+            # one line, no traceback: Ctrl-C exits 130 as a shell expects
+            code = stopped.code if isinstance(stopped, SystemExit) else 128 + signal.SIGINT
+            raise SystemExit(code) from None
         finally:
             stop(superlink)
     summary = run_dir / "summary.json"
@@ -215,7 +231,8 @@ def check_connection(name: str) -> None:
     if name not in known:
         raise ConfigError(
             f"superlink={name}: {path} has no [superlink.{name}] connection; valid: "
-            f"{', '.join(known) or 'none'} (README, Deployment, shows one)")
+            f"{', '.join(known) or 'none'}; add it with driftfl secure connect {name} "
+            "--address HOST:PORT --root-certificates CA.crt (or --insecure)")
 
 
 def launch_deployment(cfg: ExperimentConfig, overrides: list[str], run_dir: Path,
@@ -227,13 +244,12 @@ def launch_deployment(cfg: ExperimentConfig, overrides: list[str], run_dir: Path
     env = {**os.environ, "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
            "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]])}
     try:
-        subprocess.run([_tool("flwr"), "run", str(APP_DIR), cfg.superlink, "--stream",
-                        "--run-config", run_config_arg(overrides, run_dir, resume)],
-                       env=env, cwd=APP_DIR, check=False)
+        follow([_tool("flwr"), "run", str(APP_DIR), cfg.superlink, "--stream",
+                "--run-config", run_config_arg(overrides, run_dir, resume)], env, cfg.verbose)
     except KeyboardInterrupt:
         print(f"driftfl: stopped following the run; it may go on in the federation "
               f"(flwr ls {cfg.superlink}; flwr stop <run id> {cfg.superlink})", file=sys.stderr)
-        raise
+        raise SystemExit(128 + signal.SIGINT) from None
     summary = run_dir / "summary.json"
     if summary.is_file() and json.loads(summary.read_text()).get("status") == "completed":
         return 0
@@ -243,12 +259,13 @@ def launch_deployment(cfg: ExperimentConfig, overrides: list[str], run_dir: Path
     return 1
 
 
-def resume_hint(run_dir: Path, overrides: list[str]) -> str:
-    """How to go on with a stopped run, once it has a checkpoint ("" before its first round)."""
+def resume_hint(run_dir: Path, overrides: list[str], prefix: str = "\ndriftfl: ") -> str:
+    """How to go on with a stopped run, once it has a checkpoint ("" before its first round),
+    after ``prefix``."""
     from driftfl.server.checkpoint import CHECKPOINT
 
     if not (run_dir / CHECKPOINT).is_file():
         return ""
     again = " ".join(shlex.quote(o) for o in overrides if not o.startswith("hydra.run.dir="))
-    return (f"\ndriftfl: its rounds so far are saved; go on with: driftfl run {again} "
+    return (f"{prefix}its rounds so far are saved, go on with: driftfl run {again} "
             f"resume={shlex.quote(str(run_dir))}").replace("  ", " ")

@@ -188,8 +188,8 @@ def test_a_federation_flwr_does_not_know_is_refused_listing_the_ones_it_does(tmp
     assert out.returncode == 2
     assert out.stderr.strip() == (
         f"driftfl: error: superlink=fedration: {home / 'config.toml'} has no "
-        "[superlink.fedration] connection; valid: federation, local (README, Deployment, "
-        "shows one)")
+        "[superlink.fedration] connection; valid: federation, local; add it with driftfl "
+        "secure connect fedration --address HOST:PORT --root-certificates CA.crt (or --insecure)")
     assert not (tmp_path / "new").exists()
 
 
@@ -260,3 +260,17 @@ def test_launch_refuses_what_it_cannot_pass_on_before_writing(tmp_path):
 def test_cfg_job_prints_the_composed_experiment(tmp_path):
     out = driftfl("run", "--cfg", "job", "strategy=fedprox", cwd=tmp_path)
     assert out.returncode == 0 and "objective: prox" in out.stdout
+
+
+def test_ctrl_c_before_a_run_starts_is_one_line_and_exit_130(monkeypatch, capsys):
+    """Ctrl-C while the data loads or Hydra composes: no KeyboardInterrupt traceback."""
+    from driftfl import cli
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "run", interrupted)
+    with pytest.raises(SystemExit) as stopped:
+        cli.main(["run", "rounds=3"])
+    assert stopped.value.code == 130
+    assert capsys.readouterr().err == "driftfl: stopped\n"

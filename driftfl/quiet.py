@@ -1,0 +1,45 @@
+"""What a driftfl user reads: the run's own lines. Flower's and Ray's start-up notices, tips
+and warnings about settings driftfl chose on purpose reach the console through `flwr run
+--stream`; ``driftfl run`` leaves them out unless ``verbose=true``."""
+
+from __future__ import annotations
+
+import re
+import sys
+from collections.abc import Iterable
+
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+NOISE = re.compile("|".join([
+    r"^Using SuperLink: ",  # flwr run: which connection
+    r"^Successfully started run \d+",
+    r"Starting logstream for run_id",
+    r"Exiting logstream",  # Ctrl-C: driftfl says what stopped
+    r"Starting Flower Simulation",
+    r"default simulated SuperNodes changed",  # driftfl sizes the federation itself
+    r"^\w+\s*:\s+Federation `",
+    r"To change federation size",
+    r"flwr federation simulation-config",
+    r"^Successfully installed \S+ to ",  # the app bundle, unpacked per run
+    r"Manually terminating ClientAppActor",  # Flower's normal shutdown of its actors
+    r"Ray deduplicates logs by default",
+    # Flower's closing notice for a failed ServerApp: driftfl's error line said why
+    r"Exit Code: 200$",
+    r"^An unhandled exception occurred in the ServerApp\.",
+    r"^For more information, visit: <https://flower\.ai/",
+    r"FutureWarning",
+    r"^\s+warnings\.warn\(",  # the source line Python prints under a warning
+]))
+
+
+def is_noise(line: str) -> bool:
+    """Whether ``line`` is one of Flower's or Ray's lines that say nothing about the run."""
+    return bool(NOISE.search(ANSI.sub("", line)))
+
+
+def relay(lines: Iterable[str], verbose: bool, out=None) -> None:
+    """Print ``lines`` as they come, Flower's and Ray's noise left out unless ``verbose``."""
+    out = out or sys.stdout
+    for line in lines:
+        if verbose or not is_noise(line):
+            out.write(line)
+            out.flush()

@@ -1,0 +1,44 @@
+"""driftfl run's console: the run's own lines; Flower's and Ray's notices only with verbose."""
+
+from __future__ import annotations
+
+import io
+
+from driftfl.quiet import relay
+
+FLOWER = [
+    "Using SuperLink: driftfl-simulation (127.0.0.1:55521)\n",
+    "Successfully started run 6811824672434560526\n",
+    "\x1b[92mINFO \x1b[0m:      Starting logstream for run_id `6811824672434560526`\n",
+    "\x1b[92mINFO \x1b[0m:      Starting Flower Simulation\n",
+    "\x1b[93mWARNING \x1b[0m:   Since flwr 1.32, default simulated SuperNodes changed from 10 "
+    "to 2.\n",
+    "\x1b[92mINFO \x1b[0m:      Federation `@none/default` (10 simulated SuperNodes)\n",
+    "\x1b[92mINFO \x1b[0m:      To change federation size, use the following command:\n",
+    "\x1b[92mINFO \x1b[0m:      \tflwr federation simulation-config @none/default <superlink> "
+    "--num-supernodes <N>\n",
+    "Successfully installed driftfl to /tmp/driftfl-flower-x/apps/driftfl.driftfl.0.1.0.9c.\n",
+    "/x/ray/_private/worker.py:2046: FutureWarning: Tip: In future versions of Ray, ...\n",
+    "  warnings.warn(\n",
+    "(raylet) [repeated 9x across cluster] (Ray deduplicates logs by default. Set "
+    "RAY_DEDUP_LOGS=0 to disable log deduplication)\n",
+    "\x1b[93mWARNING \x1b[0m:   Manually terminating ClientAppActor\n",
+    "\x1b[91mERROR \x1b[0m:     Exit Code: 200\n",
+    "An unhandled exception occurred in the ServerApp.\n",
+    "For more information, visit: <https://flower.ai/docs/framework/ref-exit-codes/200.html>\n",
+]
+DRIFTFL = [
+    "clients' data (fedavg on fmnist, Dirichlet(0.5), 10 clients, cnn): 10 clients, 2000 samples\n",
+    "round   1/2  test acc  37.40%  loss 1.9077  |  train 15.0 s  eval 0.5 s\n",
+    "\x1b[93mWARNING \x1b[0m:   round reply from partition 2 (node 7) lost: the node sent "
+    "nothing back\n",
+    "driftfl: 2 rounds in 20.9 s; final test accuracy 53.20% (best 53.20% at round 2)\n",
+]
+
+
+def test_only_the_runs_own_lines_are_shown_unless_verbose():
+    quiet, verbose = io.StringIO(), io.StringIO()
+    relay(FLOWER + DRIFTFL, verbose=False, out=quiet)
+    relay(FLOWER + DRIFTFL, verbose=True, out=verbose)
+    assert quiet.getvalue() == "".join(DRIFTFL)
+    assert verbose.getvalue() == "".join(FLOWER + DRIFTFL)
