@@ -4,6 +4,8 @@ sweep) and plain `flwr run` over the same conf/ tree."""
 from __future__ import annotations
 
 import json
+import os
+import re
 import signal
 import subprocess
 import tempfile
@@ -45,6 +47,11 @@ def test_driftfl_run_trains_and_writes_the_run_directory(tmp_path, fmnist_availa
     # progress: the data table, one line per round with accuracy and time, a summary
     assert "clients' data (fedavg on fmnist, Dirichlet(0.5), 4 clients, mlp)" in out.stdout
     assert "round   2/2  test acc" in out.stdout and "driftfl: 2 rounds in" in out.stdout
+    # only driftfl's own lines: Flower's and Ray's notices need verbose=true
+    own = re.compile(r"^(clients' data \(|client +n |\s+\d+\s+\d+|round +\d+/\d+ |driftfl: |"
+                     r"results: )")
+    assert [line for line in (out.stdout + out.stderr).splitlines()
+            if not own.match(line)] == [], out.stdout + out.stderr
 
     rows = assert_learned(run_dir)
     for name in ("config.yaml", "meta.json", "metrics.csv", "partition.json", "model.pt",
@@ -78,7 +85,8 @@ def test_driftfl_run_trains_and_writes_the_run_directory(tmp_path, fmnist_availa
 def test_the_same_seed_trains_the_same_model_also_when_stopped_and_resumed(tmp_path,
                                                                           fmnist_available):
     """Clients finish in any order; the server averages in node order, so reruns agree. A run
-    stopped by SIGTERM after a round and resumed ends with the same bytes and rows."""
+    stopped by Ctrl-C after a round says how to go on in one line, and resumed ends with the
+    same bytes and rows."""
     args = [driftfl_bin(), "run", "strategy=fedcsd", *QUICK, "rounds=3", "seed=5"]
     whole, stopped = tmp_path / "whole", tmp_path / "stopped"
     out = subprocess.run([*args, f"hydra.run.dir={whole}"], cwd=tmp_path, capture_output=True,
@@ -87,16 +95,18 @@ def test_the_same_seed_trains_the_same_model_also_when_stopped_and_resumed(tmp_p
 
     with open(tmp_path / "stopped.out", "w") as sink, open(tmp_path / "stopped.err", "w") as err:
         run = subprocess.Popen([*args, f"hydra.run.dir={stopped}"], cwd=tmp_path, stdout=sink,
-                               stderr=err, text=True)
+                               stderr=err, text=True, start_new_session=True)
         deadline = time.monotonic() + 600
         while not (stopped / "checkpoint.pt").exists():  # a round is done
             assert run.poll() is None and time.monotonic() < deadline
             time.sleep(0.2)
-        run.send_signal(signal.SIGTERM)
+        os.killpg(run.pid, signal.SIGINT)  # Ctrl-C: the terminal signals the whole group
         run.wait(timeout=120)
     said = (tmp_path / "stopped.err").read_text()
-    assert run.returncode != 0 and not (stopped / "summary.json").exists(), said[-3000:]
-    assert f"go on with: driftfl run {' '.join(args[2:])} resume={stopped}" in said, said[-3000:]
+    assert run.returncode == 130 and not (stopped / "summary.json").exists(), said[-3000:]
+    assert said.splitlines() == [
+        f"driftfl: stopped; its rounds so far are saved, go on with: driftfl run "
+        f"{' '.join(args[2:])} resume={stopped}"], said[-3000:]
 
     out = subprocess.run([*args, f"resume={stopped}"], cwd=tmp_path, capture_output=True,
                          text=True, timeout=600)
@@ -168,7 +178,9 @@ def test_sweep_runs_every_method_in_its_own_directory(tmp_path, fmnist_available
 
 
 def test_plain_flwr_run_reads_the_same_conf_tree(tmp_path, fmnist_available):
-    """What a user of Flower's own CLI does: flwr run . <connection> --run-config ..."""
+    """What a user of Flower's own CLI does: flwr run . <connection> --run-config ..., with
+    Flower's usual keys beside the overrides. Flower's default federation (2 nodes) for 4
+    clients is refused at once, in one line, instead of waiting node_wait."""
     run_dir = tmp_path / "flwr-run"
     with tempfile.TemporaryDirectory() as flwr_home:
         port = free_port()
@@ -183,18 +195,29 @@ def test_plain_flwr_run_reads_the_same_conf_tree(tmp_path, fmnist_available):
                 start_new_session=True)
         try:
             _wait_healthy(port, superlink, log)
-            overrides = " ".join(["strategy=fedprox", "strategy.mu=0.01", *QUICK])
-            out = subprocess.run(
-                [_tool("flwr"), "run", str(REPO), CONNECTION, "--run-config",
-                 f"overrides='{overrides}' run-dir='{run_dir}'",
-                 "--federation-config", "num_supernodes=4", "--stream"],
-                env=env, capture_output=True, text=True, timeout=600)
+            overrides = " ".join(["strategy.mu=0.01", *QUICK]).replace("rounds=2", "")
+            command = [_tool("flwr"), "run", str(REPO), CONNECTION, "--stream", "--run-config",
+                       f"overrides='{overrides}' run-dir='{run_dir}' num-server-rounds=2 "
+                       "strategy='fedprox'"]
+            started = time.monotonic()
+            too_few = subprocess.run(command, env=env, capture_output=True, text=True,
+                                     timeout=600)
+            seconds = time.monotonic() - started
+            out = subprocess.run([*command, "--federation-config", "num_supernodes=4"],
+                                 env=env, capture_output=True, text=True, timeout=600)
         finally:
             stop(superlink)
+    refusal = [line for line in too_few.stdout.splitlines() if "driftfl: error:" in line]
+    assert refusal and refusal[0].endswith(
+        'this simulation has 2 SuperNodes but num_clients=4; give flwr run --federation-config '
+        '"num_supernodes=4" (or set num_clients=2)'), too_few.stdout[-3000:]
+    assert "Traceback" not in too_few.stdout + too_few.stderr, too_few.stdout[-3000:]
+    assert seconds < 120, seconds  # not node_wait's 600 s
     assert "round   2/2" in out.stdout, out.stdout[-3000:] + out.stderr[-3000:]
     assert_learned(run_dir)
     config = yaml.safe_load((run_dir / "config.yaml").read_text())
     assert config["strategy"] == {"name": "fedprox", "objective": "prox", "mu": 0.01}
+    assert config["rounds"] == 2
 
 
 def test_stopping_driftfl_run_stops_every_process_it_started(tmp_path, fmnist_available):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import math
 import random
 import time
 from pathlib import Path
@@ -15,7 +16,7 @@ from flwr.serverapp import Grid, ServerApp
 from flwr.superlink.grid import InMemoryGrid
 
 from driftfl.common import paths
-from driftfl.common.config import compose, parse_overrides
+from driftfl.common.config import compose
 from driftfl.common.datasets import to_tensors
 from driftfl.common.errors import ConfigError
 from driftfl.common.evaluation import evaluate
@@ -31,16 +32,27 @@ from . import checkpoint, console
 from .experiment import Experiment, prepare_experiment
 from .results import RunRecorder
 from .roster import Roster
+from .run_config import experiment_overrides
 from .rounds import run_rounds
 from .simulated import AssigningGrid, assign_partitions
 from .survey import survey_clients
 from .traffic import MeteredGrid
 
 app = ServerApp()
+SIMULATION_NODES_GRACE = 5.0  # seconds
 
 
 class ExperimentRefused(Exception):
     """The experiment cannot run as configured (the reason was printed just before)."""
+
+
+def _without_refusal_traceback(record: logging.LogRecord) -> bool:
+    """Flower logs the ServerApp's exception with its traceback; a refusal's one line was
+    printed already, and Flower still marks the run failed."""
+    return not (record.exc_info and isinstance(record.exc_info[1], ExperimentRefused))
+
+
+logging.getLogger("flwr").addFilter(_without_refusal_traceback)
 
 
 @app.main()
@@ -48,7 +60,7 @@ def main(grid: Grid, context: Context) -> None:
     run_dir = context.run_config.get("run-dir") or (
         paths.home() / "runs" / time.strftime("%Y-%m-%d") / time.strftime("%H-%M-%S"))
     try:
-        cfg = compose(parse_overrides(str(context.run_config.get("overrides", ""))))
+        cfg = compose(experiment_overrides(context.run_config))
         experiment = prepare_experiment(cfg)
         run_experiment(grid, experiment, Path(str(run_dir)), context.run_id,
                        resume=bool(context.run_config.get("resume", False)))
@@ -56,6 +68,18 @@ def main(grid: Grid, context: Context) -> None:
         print(f"driftfl: error: {err}", flush=True)
         # An Exception, not SystemExit: Flower then flushes the logs and marks the run failed.
         raise ExperimentRefused(str(err)) from None
+
+
+def simulated_nodes(grid: Grid, num_clients: int) -> list[int]:
+    """The simulation's nodes, all registered as it starts: too few is known at once."""
+    try:  # the engine registers them just after starting the ServerApp: a moment's grace
+        return wait_for_nodes(grid, num_clients, timeout=SIMULATION_NODES_GRACE, every=math.inf)
+    except ConfigError:
+        have = len(list(grid.get_node_ids()))
+        raise ConfigError(
+            f"this simulation has {have} SuperNodes but num_clients={num_clients}; give flwr run "
+            f"--federation-config \"num_supernodes={num_clients}\" (or set num_clients={have})"
+        ) from None
 
 
 def run_experiment(grid: Grid, experiment: Experiment, run_dir: Path, run_id: int,
@@ -66,6 +90,8 @@ def run_experiment(grid: Grid, experiment: Experiment, run_dir: Path, run_id: in
         logging.getLogger("flwr").setLevel(logging.WARNING)
     random.seed(cfg.seed)
     np.random.seed(cfg.seed)
+    # too few simulated nodes is known at once: refused before the run directory is written
+    simulated = simulated_nodes(grid, cfg.num_clients) if isinstance(grid, InMemoryGrid) else []
     model = experiment.initial_model()
     strategy = build_strategy(cfg, model, experiment.aux_set(model))
     saved = checkpoint.load(run_dir, cfg, model, strategy) if resume else None
@@ -74,8 +100,7 @@ def run_experiment(grid: Grid, experiment: Experiment, run_dir: Path, run_id: in
     experiment_record = ConfigRecord({EXPERIMENT: cfg.to_json(),
                                       DATASET_META: experiment.meta.to_json()})
     if isinstance(grid, InMemoryGrid):  # Flower's simulation: the server assigns partitions
-        clients = assign_partitions(wait_for_nodes(grid, cfg.num_clients, cfg.node_wait),
-                                    cfg.num_clients, experiment.partition_histograms)
+        clients = assign_partitions(simulated, cfg.num_clients, experiment.partition_histograms)
         metered = MeteredGrid(AssigningGrid(grid, clients))
     else:  # deployment: each node says what it holds
         metered = MeteredGrid(grid)
@@ -90,7 +115,8 @@ def run_experiment(grid: Grid, experiment: Experiment, run_dir: Path, run_id: in
 
     if not isinstance(grid, InMemoryGrid):
         print(f"driftfl: each round is saved in {run_dir / checkpoint.CHECKPOINT}; should the "
-              "run stop, add resume=true to the same run config to go on", flush=True)
+              f"run stop, go on with resume={run_dir} (driftfl run superlink=...) or "
+              "resume=true in the same run config (flwr run)", flush=True)
         strategy.roster = Roster(metered, experiment_record, clients,
                                  num_partitions=cfg.num_clients, min_clients=cfg.min_clients,
                                  rejoin_wait=cfg.rejoin_wait, timeout=cfg.round_timeout,

@@ -8,10 +8,12 @@ no survey: the server assigns the partitions, see simulated.py.)
 
 from __future__ import annotations
 
+import re
 import time
 from logging import WARNING
 
 from flwr.app import ConfigRecord, Message, MessageType, RecordDict
+from flwr.common.constant import SUPERLINK_NODE_ID
 from flwr.serverapp import Grid
 from flwr.supercore import log
 
@@ -33,10 +35,16 @@ def survey_clients(grid: Grid, experiment_record: ConfigRecord, expected: int,
     for first in range(0, len(nodes), BATCH):
         batch = nodes[first:first + BATCH]
         answers = ask_summaries(grid, experiment_record, batch, timeout)
-        failures = [r.error.reason for r in answers if r.has_error()]
-        if failures or len(answers) < len(batch):
-            reason = failures[0] if failures else f"only {len(answers)} of {len(batch)} answered"
-            raise ConfigError(f"a client cannot read its data: {reason}")
+        failures = [f"{node_name(r.metadata.src_node_id)}: {error_text(r.error.reason)}"
+                    for r in answers if r.has_error()]
+        if failures:
+            raise ConfigError(f"{len(failures)} of {len(batch)} nodes cannot read their data "
+                              f"({'; '.join(failures)}); each SuperNode's log has the full "
+                              "reason: fix its --node-config and start it again")
+        if len(answers) < len(batch):
+            silent = sorted(set(batch) - {r.metadata.src_node_id for r in answers})
+            raise ConfigError(f"node(s) {', '.join(map(str, silent))} did not answer the data "
+                              f"survey in {timeout:.0f} s (round_timeout)")
         replies += answers
         if len(nodes) > BATCH:
             print(f"data survey: {len(replies)} of {len(nodes)} nodes answered "
@@ -45,6 +53,18 @@ def survey_clients(grid: Grid, experiment_record: ConfigRecord, expected: int,
     if not clients:
         raise ConfigError("no node gave a usable data summary; see the warnings above")
     return clients
+
+
+def error_text(reason: str) -> str:
+    """The error's own words from Flower's "<class '...'>:<'words'>" error reason."""
+    found = re.fullmatch(r"<class '[\w.]+'>:<'(.*)'>", reason, re.DOTALL)
+    return found.group(1) if found else reason
+
+
+def node_name(node: int) -> str:
+    """A node as the operator finds it in `flwr supernode list`; the SuperLink answers in the
+    name of a node it lost."""
+    return "a node the SuperLink lost" if node == SUPERLINK_NODE_ID else f"node {node}"
 
 
 def ask_summaries(grid: Grid, experiment_record: ConfigRecord, nodes: list[int],
