@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -49,3 +50,10 @@ def server_task(monkeypatch):
 
     for name, value in (("_run_id", 1), ("_node_id", 0), ("_task_id", 0)):
         monkeypatch.setattr(TaskIdentity, name, value)
+
+@pytest.fixture(scope="module")
+def nginx_installed():
+    """The fleet proxy's nginx, installed by the deployment set-up script when missing."""
+    out = subprocess.run(["bash", str(REPO / "scripts" / "setup-deployment.sh")],
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout + out.stderr

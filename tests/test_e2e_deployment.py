@@ -108,11 +108,8 @@ class Deployment:
 
 
 @pytest.fixture(scope="module", autouse=True)
-def nginx_installed():
-    """The fleet proxy's nginx, installed by the deployment set-up script when missing."""
-    out = subprocess.run(["bash", str(REPO / "scripts" / "setup-deployment.sh")],
-                         capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, out.stdout + out.stderr
+def _nginx(nginx_installed):
+    """Every test here may start the fleet proxy."""
 
 
 @contextlib.contextmanager

@@ -105,11 +105,3 @@ def test_the_deployment_on_one_machine_runs_as_written(walk, fmnist_available):
     out = walk.block(block)[-1]
     assert "round   1/1" in out.stdout, out.stdout[-3000:]
     assert "Traceback" not in out.stdout + out.stderr
-
-
-@pytest.fixture(scope="module")
-def nginx_installed():
-    """The fleet proxy's nginx, installed by the deployment set-up script when missing."""
-    out = subprocess.run(["bash", str(REPO / "scripts" / "setup-deployment.sh")],
-                         capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, out.stdout + out.stderr
