@@ -61,12 +61,16 @@ def test_the_running_and_report_blocks_run_as_written(walk, fmnist_available):
 
 
 def test_a_stopped_run_resumes_as_the_readme_says(walk, fmnist_available):
-    """The user's run was stopped with Ctrl-C after a round; the README's command goes on."""
+    """The user's run was stopped with Ctrl-C after a round, which said how to go on in one
+    line; the README's command goes on and ends with the same bytes and rows as the run never
+    stopped (clients finish in any order; the server averages in node order). Another setting
+    is refused before anything is written."""
     [block] = sections(README)["Stopping and resuming a run"]
     [command] = commands(block)
     walk.rounds = 3
     resumed = re.search(r"resume=(\S+)", command).group(1)
     started = smaller(command.replace(f"resume={resumed}", f"hydra.run.dir={resumed}"), 3)
+    walk.run(started.replace(f"hydra.run.dir={resumed}", "hydra.run.dir=whole"))
     with open(walk.root / "stopped.err", "w") as err:
         run = subprocess.Popen(["bash", "-c", f"exec {started}"], cwd=walk.cwd, env=walk.env,
                                stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
@@ -74,11 +78,31 @@ def test_a_stopped_run_resumes_as_the_readme_says(walk, fmnist_available):
         while not (walk.cwd / resumed / "checkpoint.pt").exists():
             assert run.poll() is None and time.monotonic() < deadline
             time.sleep(0.2)
-        os.killpg(run.pid, signal.SIGINT)
+        os.killpg(run.pid, signal.SIGINT)  # Ctrl-C: the terminal signals the whole group
         assert run.wait(timeout=120) == 130
-    walk.block(block)
-    summary = completed(walk.cwd / resumed)
-    assert summary["rounds"] == 3
+    said = (walk.root / "stopped.err").read_text()
+    overrides = started.split(" ", 2)[2].replace(f" hydra.run.dir={resumed}", "")
+    assert said.splitlines() == [
+        f"driftfl: stopped; its rounds so far are saved, go on with: driftfl run {overrides} "
+        f"resume={walk.cwd / resumed}"], said
+
+    [out] = walk.block(block)
+    assert f"driftfl: resuming {walk.cwd / resumed} after round" in out.stdout
+    assert completed(walk.cwd / resumed)["rounds"] == 3
+    whole, stopped = walk.cwd / "whole", walk.cwd / resumed
+    assert (whole / "model.pt").read_bytes() == (stopped / "model.pt").read_bytes()
+    timing = ("seconds", "train_seconds", "eval_seconds")
+    assert ([{k: v for k, v in r.items() if k not in timing} for r in rounds_of(whole)]
+            == [{k: v for k, v in r.items() if k not in timing} for r in rounds_of(stopped)])
+
+    refused = subprocess.run(["bash", "-c", smaller(f"{command} lr=0.01", 3)], cwd=walk.cwd,
+                             env=walk.env, capture_output=True, text=True, timeout=600)
+    assert refused.returncode == 2 and refused.stderr.strip().endswith(
+        "lr (0.05 there, 0.01 here); resume with the overrides it ran with (its config.yaml)")
+
+
+def rounds_of(run_dir: Path) -> list[dict]:
+    return json.loads((run_dir / "metrics.json").read_text())["rounds"]
 
 
 def test_the_secure_deployment_runs_as_written(walk, fmnist_available, nginx_installed):
