@@ -143,7 +143,7 @@ def test_projection_is_a_checked_model_setting():
 
     assert check_experiment(compose(["strategy=moon", "model.projection=256"])
                             ).model.projection == 256
-    with pytest.raises(ConfigError, match="model.projection must be >= 0"):
+    with pytest.raises(ConfigError, match=r"model.projection must be in \[0, 1000000\]"):
         check_experiment(compose(["strategy=moon", "model.projection=-1"]))
 
 

@@ -70,7 +70,7 @@ class NodeConfig(Settings):
     max_condense_iterations: int | None = _key("max-condense-iterations", ge=1)
     # torch threads for this node's training: 1, as a simulated client has by default, gives
     # the same bytes as simulation; more is faster and differs in float rounding
-    threads: int = Field(1, alias="threads", ge=1)
+    threads: int = Field(1, alias="threads", ge=1, le=1024)
 
     @model_validator(mode="after")
     def _one_source_of_data(self) -> NodeConfig:

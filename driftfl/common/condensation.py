@@ -17,23 +17,23 @@ from pydantic import Field, field_validator
 
 from .augment import DEFAULT_TRANSFORMS, parse_transforms
 from .errors import ConfigError
-from .settings import Settings, validated
+from .settings import MANY, Settings, validated
 
 
 class CondensationSettings(Settings):
     condensation: Literal["dm", "dc", "dsa"] = "dm"  # distribution / gradient matching (+DSA)
-    ipc: int = Field(10, ge=1)  # condensed images per class the client holds
-    condense_iterations: int = Field(200, ge=1)  # paper-grade: DM 20,000, DC/DSA 1,000
+    ipc: int = Field(10, ge=1, le=MANY)  # condensed images per class the client holds
+    condense_iterations: int = Field(200, ge=1, le=MANY)  # paper-grade: DM 20,000, DC/DSA 1,000
     condense_lr: float = Field(1.0, gt=0)  # SGD on the pixels; the authors: DM 1.0, DC/DSA 0.1
-    condense_batch: int = Field(256, ge=1)  # real images per class per iteration
-    dc_outer_loop: int = Field(10, ge=1)  # dc/dsa: matching steps per iteration
-    dc_inner_loop: int = Field(50, ge=0)  # dc/dsa: network steps on the synthetic set between
+    condense_batch: int = Field(256, ge=1, le=MANY)  # real images per class per iteration
+    dc_outer_loop: int = Field(10, ge=1, le=MANY)  # dc/dsa: matching steps per iteration
+    dc_inner_loop: int = Field(50, ge=0, le=MANY)  # dc/dsa: network steps on the synthetic set between
     dc_net_lr: float = Field(0.01, gt=0)  # dc/dsa: that network's learning rate
     dsa: bool = True  # DSA on the local and the condensed training batches
     dsa_transforms: str = DEFAULT_TRANSFORMS  # DSA's transforms; digits: drop flip
-    finetune_epochs: int = Field(1, ge=0)  # E_s: epochs on the received condensed images
+    finetune_epochs: int = Field(1, ge=0, le=MANY)  # E_s: epochs on the received condensed images
     finetune_lr: float = Field(0.001, gt=0)  # eta_s (< lr, which is eta_c)
-    finetune_batch_size: int = Field(32, ge=1)  # B_s
+    finetune_batch_size: int = Field(32, ge=1, le=MANY)  # B_s
     condensed_use: Literal["finetune", "mix"] = "finetune"  # mix: one stage on local + received
 
     @field_validator("dsa_transforms")

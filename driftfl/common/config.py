@@ -23,7 +23,7 @@ from .datasets import DatasetSettings, dataset_settings
 from .errors import ConfigError
 from .models import ModelSettings, model_settings
 from .partition import PartitionSettings, partition_settings
-from .settings import Settings, unknown_key, validated
+from .settings import MANY, Settings, unknown_key, validated
 
 # conf/ sits beside the package, in the source tree and in the Flower app bundle alike.
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
@@ -41,7 +41,6 @@ class Section(Settings):
 # run config: a paper's longest runs are a few thousand rounds of a few hundred local epochs,
 # cross-device federations a few thousand clients per machine, and a 30-day timeout already
 # outlasts any round.
-MANY = 1_000_000  # rounds, clients, epochs, batch and sample sizes
 MONTH = 30 * 24 * 3600  # seconds: round_timeout, node_wait, rejoin_wait
 
 

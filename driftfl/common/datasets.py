@@ -20,7 +20,7 @@ from pydantic import Field
 from . import loaders
 from .errors import ConfigError
 from .paths import data_dir
-from .settings import Settings, section
+from .settings import MANY, Settings, section
 
 FMNIST_SYSTEM_DIR = Path("/usr/share/datasets/fashion-mnist")
 FMNIST_CLASSES = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
@@ -33,8 +33,8 @@ class DatasetSettings(Settings):
     name: str
     root: str | None = None  # None: the dataset's default place
     download: bool = False  # fetch with torchvision when missing (needs internet)
-    subset: int | None = Field(None, ge=1)  # only the first N training samples
-    test_subset: int | None = Field(None, ge=1)  # only the first N test samples
+    subset: int | None = Field(None, ge=1, le=MANY)  # only the first N training samples
+    test_subset: int | None = Field(None, ge=1, le=MANY)  # only the first N test samples
 
 
 class EmnistSettings(DatasetSettings):
@@ -49,7 +49,7 @@ class OwnDataSettings(DatasetSettings):
 
 
 class FolderSettings(OwnDataSettings):
-    image_size: int = Field(32, ge=1)  # images are resized to image_size x image_size
+    image_size: int = Field(32, ge=1, le=4096)  # images are resized to image_size x image_size
     channels: Literal[1, 3] = 3
 
 

@@ -21,7 +21,7 @@ from pydantic import Field
 from torch import nn
 
 from .errors import ConfigError
-from .settings import Settings, section
+from .settings import MANY, Settings, section
 
 # the package whose every module is imported before a model is looked up: users' own models
 USER_MODELS = "driftfl.models"
@@ -33,7 +33,7 @@ class ModelSettings(Settings):
     name: str
     # MOON's projection head, for any model: 0 none; n > 0: Linear(d, d) - ReLU - Linear(d, n)
     # after the features, so that ``features`` returns the projection and the head classifies it
-    projection: int = Field(0, ge=0)
+    projection: int = Field(0, ge=0, le=MANY)
 
 
 class DriftModel(nn.Module):
@@ -125,7 +125,7 @@ def _flat_dim(body: nn.Module, shape) -> int:
 
 
 class MlpSettings(ModelSettings):
-    hidden: list[Annotated[int, Field(ge=1)]] = [200, 200]  # widths of the hidden layers
+    hidden: list[Annotated[int, Field(ge=1, le=MANY)]] = [200, 200]  # widths of the hidden layers
 
 
 @register_model("mlp", settings=MlpSettings)

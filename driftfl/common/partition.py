@@ -21,7 +21,7 @@ from pydantic import Field
 
 from .errors import ConfigError
 from .paths import cache_dir
-from .settings import Settings, section
+from .settings import MANY, Settings, section
 
 
 class PartitionSettings(Settings):
@@ -32,7 +32,7 @@ class PartitionSettings(Settings):
 
 class DirichletSettings(PartitionSettings):
     alpha: float = Field(0.5, gt=0)  # smaller is more skewed
-    min_size: int = Field(10, ge=0)  # redraw until every client holds this many samples
+    min_size: int = Field(10, ge=0, le=MANY)  # redraw until every client holds this many samples
     self_balancing: bool = False  # flwr-datasets' balancing of partition sizes
 
 
@@ -42,7 +42,7 @@ class PathologicalSettings(PartitionSettings):
 
 
 class ShardsSettings(PartitionSettings):
-    shards_per_client: int = Field(2, ge=1)
+    shards_per_client: int = Field(2, ge=1, le=MANY)
 
 
 PARTITIONS: dict[str, type[PartitionSettings]] = {

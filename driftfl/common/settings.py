@@ -25,6 +25,10 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from .errors import ConfigError, lookup
 
+# the largest count a setting may take (rounds, clients, epochs, batch and sample sizes, widths):
+# far past any real experiment, and a typo's 20 digits is refused instead of run
+MANY = 1_000_000
+
 S = TypeVar("S", bound="Settings")
 
 

@@ -11,6 +11,7 @@ from pydantic import Field
 from torch import nn
 
 from driftfl.common.protocol import load_numpy
+from driftfl.common.settings import MANY
 
 from .base import StrategySettings
 
@@ -18,7 +19,7 @@ from .base import StrategySettings
 class AuxSetSettings(StrategySettings):
     """For strategies that keep an aux set: how many samples of each class it holds."""
 
-    aux_per_class: int = Field(64, ge=1)
+    aux_per_class: int = Field(64, ge=1, le=MANY)
 
     def aux_set_per_class(self) -> int:
         return self.aux_per_class

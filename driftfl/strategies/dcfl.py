@@ -36,6 +36,7 @@ from driftfl.common.protocol import (ARRAYS, CLASSIFIER, CONDENSE, CONDENSE_SECO
                                      CONFIG, DATASET_META, DCFL_CONDENSE, METHOD, METRICS,
                                      NUM_EXAMPLES, PROXIMAL_MU, SERVER_ROUND, DatasetMeta,
                                      load_numpy)
+from driftfl.common.settings import MANY
 from driftfl.common.training import CrossEntropy, TrainSettings, train_locally
 
 from .aggregation import ClientUpdate, to_numpy, to_record
@@ -55,11 +56,11 @@ CLASSIFIER_BOUND = 1e4
 
 class DCFLSettings(StrategySettings, CondensationSettings):
     pretrain_fraction: float = Field(0.25, gt=0, le=1)  # C_pre
-    pretrain_requests: int = Field(2, ge=0)  # M (0: no pre-training stage)
-    pretrain_epochs: int = Field(10, ge=0)  # the server's epochs on all condensed images
+    pretrain_requests: int = Field(2, ge=0, le=MANY)  # M (0: no pre-training stage)
+    pretrain_epochs: int = Field(10, ge=0, le=MANY)  # the server's epochs on all condensed images
     pretrain_lr: float = Field(0.01, gt=0)  # and their learning rate
     filter_ratio: float = Field(0.2, ge=0, lt=1)  # r: share of a group's images dropped
-    group_size: int | None = Field(None, ge=0)  # complementary group; null: clients/round - 1
+    group_size: int | None = Field(None, ge=0, le=MANY)  # complementary group; null: clients/round - 1
 
 
 def check_condensed(msg: Message, shape: tuple[int, ...], num_classes: int,

@@ -35,7 +35,7 @@ from pydantic import Field
 
 from driftfl.common.errors import ConfigError
 from driftfl.common.protocol import ARRAYS
-from driftfl.common.settings import Settings
+from driftfl.common.settings import MANY, Settings
 
 from .aggregation import Aggregation, ClientUpdate, example_weights, to_record, weighted_average
 
@@ -123,8 +123,8 @@ class TrimmedMeanAggregation(RobustAggregation):
 
 
 class KrumSettings(Settings):
-    num_malicious: int = Field(0, ge=0)  # f: bad replies tolerated; needs n > 2f + 2 replies
-    num_selected: int = Field(1, ge=1)  # m: replies kept; 1 is Krum, more is Multi-Krum
+    num_malicious: int = Field(0, ge=0, le=MANY)  # f: bad replies tolerated; needs n > 2f + 2 replies
+    num_selected: int = Field(1, ge=1, le=MANY)  # m: replies kept; 1 is Krum, more is Multi-Krum
 
 
 class KrumAggregation(RobustAggregation):

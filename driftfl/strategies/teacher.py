@@ -9,6 +9,7 @@ import numpy as np
 from pydantic import Field
 
 from driftfl.common.protocol import TEACHER
+from driftfl.common.settings import MANY
 
 from .aggregation import to_numpy, to_record
 from .base import DriftStrategy, StrategySettings
@@ -77,7 +78,7 @@ class EMATeacher(TeacherStrategy):
 
 
 class FedGKDSettings(StrategySettings):
-    buffer_size: int = Field(5, ge=1)  # M: the teacher averages the last M global models
+    buffer_size: int = Field(5, ge=1, le=MANY)  # M: the teacher averages the last M global models
 
 
 class FedGKD(TeacherStrategy):
