@@ -106,6 +106,33 @@ def test_cifar10_python_batches(tmp_path):
     assert np.array_equal(data.train_x[0, 0].ravel(), first["data"][0, :1024])
 
 
+class RunsCode:
+    """A pickle payload: unpickling it creates a marker file."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return open, (self.marker, "w")
+
+
+def test_a_cifar_batch_that_would_run_code_is_refused_without_running_it(tmp_path):
+    names = [f"class{i}" for i in range(10)]
+    folder = write_cifar(tmp_path, "cifar-10-batches-py", 2, ["data_batch_1"], "labels",
+                         ("batches.meta", "label_names", names))
+    marker = tmp_path / "ran"
+    with open(folder / "data_batch_1", "wb") as f:
+        pickle.dump({"data": RunsCode(marker), "labels": [0, 1]}, f)
+    pickle.loads(pickle.dumps(RunsCode(marker))).close()  # the payload runs when unpickled
+    assert marker.exists()
+    marker.unlink()
+    with pytest.raises(ConfigError, match=r"data_batch_1 is not a CIFAR python batch \(it asks "
+                       r"for io.open\); a pickle that asks for more than arrays is "
+                       r"never loaded"):
+        loaders.read_cifar(folder, ["data_batch_1"], "labels")
+    assert not marker.exists()
+
+
 def test_cifar100_fine_labels(tmp_path):
     names = [f"class{i}" for i in range(100)]
     write_cifar(tmp_path, "cifar-100-python", 5, ["train", "test"], "fine_labels",

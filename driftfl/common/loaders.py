@@ -56,12 +56,44 @@ def read_idx_split(root: Path, prefix: str, split: str) -> tuple[np.ndarray, np.
     return x[:, None, :, :], y.astype(np.int64)
 
 
+# What a CIFAR python batch holds: dicts, lists, strings, numbers and NumPy arrays (or scalars).
+# Rebuilding those needs only these globals (numpy.core in the files' own numpy 1.x, numpy._core
+# in 2.x), none of which runs code; a pickle that names any other could, and is refused.
+ARRAY_GLOBALS = {(module, name) for module in ("numpy.core.multiarray", "numpy._core.multiarray")
+                 for name in ("_reconstruct", "scalar")} | {("numpy", "ndarray"),
+                                                            ("numpy", "dtype")}
+
+
+class ArraysOnlyUnpickler(pickle.Unpickler):
+    """Python's own unpickler, restricted to ARRAY_GLOBALS (the "Restricting Globals" recipe of
+    the pickle module's documentation)."""
+
+    def find_class(self, module: str, name: str):
+        if (module, name) not in ARRAY_GLOBALS:
+            raise pickle.UnpicklingError(f"it asks for {module}.{name}")
+        return super().find_class(module, name)
+
+
+def read_pickled_arrays(path: Path) -> dict:
+    """A CIFAR python batch: a pickled dict of lists and arrays, read without running code;
+    ConfigError names the file when it is anything else."""
+    try:
+        with open(path, "rb") as f:
+            found = ArraysOnlyUnpickler(f, encoding="latin1").load()
+    except (pickle.UnpicklingError, EOFError, ValueError, TypeError) as err:
+        raise ConfigError(f"{path} is not a CIFAR python batch ({err}); a pickle that asks for "
+                          "more than arrays is never loaded (it could run code)") from None
+    if not isinstance(found, dict):
+        raise ConfigError(f"{path} is not a CIFAR python batch (it holds a "
+                          f"{type(found).__name__}, not a dict)")
+    return found
+
+
 def read_cifar(folder: Path, files: list[str], label_key: str) -> tuple[np.ndarray, np.ndarray]:
     """Concatenate CIFAR python batches (pickled dicts with 'data' (N, 3072) and labels)."""
     xs, ys = [], []
     for name in files:
-        with open(folder / name, "rb") as f:
-            batch = pickle.load(f, encoding="latin1")
+        batch = read_pickled_arrays(folder / name)
         xs.append(np.asarray(batch["data"], dtype=np.uint8).reshape(-1, 3, 32, 32))
         ys.append(np.asarray(batch[label_key], dtype=np.int64))
     return np.concatenate(xs), np.concatenate(ys)
@@ -71,8 +103,7 @@ def read_cifar_classes(folder: Path, meta_file: str, key: str) -> list[str] | No
     path = folder / meta_file
     if not path.is_file():
         return None
-    with open(path, "rb") as f:
-        return list(pickle.load(f, encoding="latin1")[key])
+    return list(read_pickled_arrays(path)[key])
 
 
 def read_svhn(path: Path) -> tuple[np.ndarray, np.ndarray]:
@@ -164,7 +195,7 @@ def read_npz(path: Path):
     """Arrays from an .npz: (x_train, y_train, x_test, y_test) or (x, y, None, None)."""
     if not path.is_file():
         raise ConfigError(f"npz file {path} does not exist")
-    with np.load(path) as npz:
+    with np.load(path, allow_pickle=False) as npz:
         keys = set(npz.files)
         if {"x_train", "y_train", "x_test", "y_test"} <= keys:
             names = ("x_train", "y_train", "x_test", "y_test")

@@ -186,7 +186,7 @@ def _partition_table(labels: np.ndarray, spec: Mapping | PartitionSettings, num_
 @lru_cache(maxsize=4)
 def _read_table(path: str) -> tuple[np.ndarray, np.ndarray]:
     """Read once per process (a simulation worker serves every client of the run)."""
-    with np.load(path) as cached:
+    with np.load(path, allow_pickle=False) as cached:
         indices, offsets = cached["indices"], cached["offsets"]
     indices.flags.writeable = offsets.flags.writeable = False  # shared by every caller
     return indices, offsets
