@@ -77,7 +77,7 @@ def test_driftfl_run_trains_and_writes_the_run_directory(tmp_path, fmnist_availa
     from driftfl.common.models import build_model
 
     model = build_model(config["model"], (1, 28, 28), 10)
-    model.load_state_dict(torch.load(run_dir / "model.pt"))  # the final model loads back
+    model.load_state_dict(torch.load(run_dir / "model.pt", weights_only=True))  # the final model loads back
 
 
 @pytest.mark.timeout(1800)  # every method in one sweep: about 5 min on 2 cores, 3 at a time

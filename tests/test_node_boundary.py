@@ -169,14 +169,17 @@ def test_a_path_the_server_names_is_never_read(craft, tmp_path, own_npz, server_
 
 def test_the_crafted_pickle_is_live_and_a_simulated_node_reads_the_servers_root(
         tmp_path, server_task, simulated):
-    """The control: in simulation (one person's processes) nodes read the experiment's
-    dataset where it says, so the crafted pickle above would have run."""
+    """The control: the crafted pickle above runs code when unpickled, and in simulation (one
+    person's processes) nodes read the experiment's dataset where it says: there the node reads
+    the crafted batch, and refuses it without running it."""
+    pickle.loads(pickle.dumps(Touch(tmp_path / "live")))
+    assert (tmp_path / "live").exists()
     secret = tmp_path / "secret"
     secret.mkdir()
     experiment = experiment_json(dataset=crafted_cifar(secret))
-    with pytest.raises(Exception):  # the pickle loads to None, which is no CIFAR batch
-        ask({"partition-id": 0, "num-partitions": 2}, experiment)
-    assert (tmp_path / "pwned").exists()
+    said = refusal({"partition-id": 0, "num-partitions": 2}, experiment)
+    assert "is not a CIFAR python batch (it asks for pathlib.Path.touch)" in said, said
+    assert not (tmp_path / "pwned").exists()
 
 
 def test_download_from_the_server_creates_nothing(tmp_path, monkeypatch, server_task,

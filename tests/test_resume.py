@@ -84,7 +84,7 @@ def test_a_run_stopped_in_its_last_round_and_resumed_ends_as_the_uninterrupted_o
     run_experiment(InProcessGrid(nodes(200)), experiment(name, *more), stopped, run_id=3,
                    resume=True)
 
-    final, resumed = (torch.load(d / "model.pt") for d in (whole, stopped))
+    final, resumed = (torch.load(d / "model.pt", weights_only=True) for d in (whole, stopped))
     assert final.keys() == resumed.keys()
     assert all(torch.equal(final[k], resumed[k]) for k in final), name
     assert rows_without_timing(stopped) == rows_without_timing(whole)
