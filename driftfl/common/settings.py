@@ -29,6 +29,12 @@ from .errors import ConfigError, lookup
 # far past any real experiment, and a typo's 20 digits is refused instead of run
 MANY = 1_000_000
 
+# an experiment's settings that change how a run is carried out, not what it computes (a
+# simulated client's cores do: they are its torch threads); a resume and a report row ignore them
+OPERATIONAL = frozenset({"verbose", "tracker", "node_wait", "round_timeout", "min_clients",
+                         "rejoin_wait", "simulation.ray_address", "simulation.client_gpus",
+                         "superlink"})
+
 S = TypeVar("S", bound="Settings")
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import yaml
 
-from driftfl.server.checkpoint import OPERATIONAL
+from driftfl.common.settings import OPERATIONAL
 
 # settings in which the runs of one row may differ: the seed (a row averages over it) and those
 # that change how a run is carried out, not what it computes (where Ray ran its clients, the

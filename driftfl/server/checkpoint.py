@@ -35,6 +35,7 @@ from torch import nn
 from driftfl.common.config import ExperimentConfig
 from driftfl.common.errors import ConfigError
 from driftfl.common.protocol import model_to_arrays
+from driftfl.common.settings import OPERATIONAL
 
 from . import treefile
 
@@ -44,11 +45,6 @@ VERSION = 2  # 1 was the pickle of earlier driftfl, refused unread
 # strategy attributes that belong to one round (the replies, the round's report) or to one
 # process (the roster holds the grid): made afresh, never saved
 TRANSIENT = frozenset({"roster", "last_updates", "report"})
-# settings that change how a run is carried out, not what it computes (a simulated client's
-# cores do: they are its torch threads)
-OPERATIONAL = frozenset({"verbose", "tracker", "node_wait", "round_timeout", "min_clients",
-                         "rejoin_wait", "simulation.ray_address", "simulation.client_gpus",
-                         "superlink"})
 KEYS = ("format", "version", "round", "config", "arrays", "strategy", "rng", "rows",
         "recorded", "seconds")
 ROW_NUMBERS = ("round", "test_accuracy", "test_loss", "model_updated", "bytes_sent",
