@@ -45,8 +45,8 @@ commands:
                       DIR/client-<k>.npz, for SuperNodes that hold only their own data
   secure init|connect|register|proxy
                       a secure deployment: the CA, the SuperLink's certificate and node keys;
-                      a SuperLink connection for flwr; registering node keys; the proxy that lets nodes reach only the Fleet
-                      API (driftfl secure --help)
+                      a SuperLink connection for flwr; registering node keys; the proxy
+                      that lets nodes reach only the Fleet API (driftfl secure --help)
 """
 
 
@@ -127,10 +127,10 @@ def _remove_empty(folder: Path, keep: Path | None) -> None:
 
 
 # Hydra flags that only show something: nothing runs and nothing is written, so only the
-# overrides are checked (not where the run would go); shell completion passes no overrides
+# overrides are checked (not where the run would go); shell completion and --version take none
 SHOWING = {"--help", "-h", "--hydra-help", "--info", "-i", "--cfg", "-c", "--shell-completion",
            "-sc", "--version"}
-COMPLETION = {"--shell-completion", "-sc", "--version"}
+NO_OVERRIDES = {"--shell-completion", "-sc", "--version"}
 
 
 def overrides_in(args: list[str]) -> list[str]:
@@ -312,7 +312,7 @@ def run(args: list[str]) -> None:
         config_path = str(conf_dir())
         if not SHOWING & set(args):
             args, job = checked_job(args)
-        elif not COMPLETION & set(args):
+        elif not NO_OVERRIDES & set(args):
             args, _ = resumed(args)
             if problem := refusal(args, reachable=False):
                 raise ConfigError(problem)

@@ -213,26 +213,14 @@ def launch_simulation(cfg: ExperimentConfig, overrides: list[str], run_dir: Path
     return 1
 
 
-def flwr_home() -> Path:
-    """Where flwr keeps its SuperLink connections (config.toml)."""
-    return Path(os.environ.get("FLWR_HOME", Path.home() / ".flwr"))
-
-
 def check_connection(name: str) -> None:
     """Refuse a SuperLink connection flwr does not know, listing the ones it does."""
-    import tomllib
+    from driftfl.deploy.connection import require_connection
 
-    path = flwr_home() / "config.toml"
     try:
-        known = sorted(tomllib.loads(path.read_text()).get("superlink", {}))
-    except (OSError, tomllib.TOMLDecodeError):
-        known = []
-    known = [k for k in known if k != "default"]
-    if name not in known:
-        raise ConfigError(
-            f"superlink={name}: {path} has no [superlink.{name}] connection; valid: "
-            f"{', '.join(known) or 'none'}; add it with driftfl secure connect {name} "
-            "--address HOST:PORT --root-certificates CA.crt (or --insecure)")
+        require_connection(name)
+    except ConfigError as err:
+        raise ConfigError(f"superlink={name}: {err}") from None
 
 
 def launch_deployment(cfg: ExperimentConfig, overrides: list[str], run_dir: Path,

@@ -188,8 +188,9 @@ def test_a_federation_flwr_does_not_know_is_refused_listing_the_ones_it_does(tmp
     assert out.returncode == 2
     assert out.stderr.strip() == (
         f"driftfl: error: superlink=fedration: {home / 'config.toml'} has no "
-        "[superlink.fedration] connection; valid: federation, local; add it with driftfl "
-        "secure connect fedration --address HOST:PORT --root-certificates CA.crt (or --insecure)")
+        "[superlink.fedration] connection (valid: federation, local); add it with driftfl "
+        "secure connect fedration --address HOST:PORT --root-certificates ca.crt (or "
+        "--insecure; README, Deployment)")
     assert not (tmp_path / "new").exists()
 
 
@@ -205,8 +206,8 @@ def test_a_sweep_to_a_place_that_cannot_be_reached_is_refused_before_anything_is
     for target, message in (
             (f"simulation.ray_address=127.0.0.1:{port}",
              f"driftfl: error: no Ray cluster answers at simulation.ray_address=127.0.0.1:{port} ("),
-            ("superlink=nowhere", "driftfl: error: superlink=nowhere: "
-                                  f"{home / 'config.toml'} has no [superlink.nowhere] connection")):
+            ("superlink=nowhere", "driftfl: error: superlink=nowhere: no SuperLink connection "
+                                  f"'nowhere': {home / 'config.toml'} does not exist yet")):
         for launcher in ([], ["hydra/launcher=joblib", "hydra.launcher.n_jobs=2"]):
             out = subprocess.run(
                 [driftfl_bin(), "run", "-m", "seed=0,1", target, *launcher,
