@@ -148,9 +148,10 @@ def check_destination(cfg: ExperimentConfig) -> None:
         check_ray_address(cfg.simulation.ray_address)
 
 
-def follow(command: list[str], env: dict[str, str], verbose: bool) -> int:
+def follow(command: list[str], env: dict[str, str], verbose: bool) -> None:
     """Run `flwr run ... --stream`, printing its lines as they come (Flower's and Ray's noise
-    left out unless ``verbose``); its exit code."""
+    left out unless ``verbose``). Its exit code tells nothing (0 whatever became of the run):
+    the run directory does."""
     from driftfl.quiet import relay
 
     with subprocess.Popen(command, env=env, cwd=APP_DIR, stdout=subprocess.PIPE,
@@ -160,7 +161,6 @@ def follow(command: list[str], env: dict[str, str], verbose: bool) -> int:
         finally:
             if flwr.poll() is None:  # stopped by Ctrl-C or SIGTERM: flwr only streams logs
                 flwr.terminate()
-    return flwr.returncode
 
 
 def _exit_on_sigterm(signum, frame):

@@ -27,7 +27,8 @@ class CondensationSettings(Settings):
     condense_lr: float = Field(1.0, gt=0)  # SGD on the pixels; the authors: DM 1.0, DC/DSA 0.1
     condense_batch: int = Field(256, ge=1, le=MANY)  # real images per class per iteration
     dc_outer_loop: int = Field(10, ge=1, le=MANY)  # dc/dsa: matching steps per iteration
-    dc_inner_loop: int = Field(50, ge=0, le=MANY)  # dc/dsa: network steps on the synthetic set between
+    # dc/dsa: network steps on the synthetic set between matching steps
+    dc_inner_loop: int = Field(50, ge=0, le=MANY)
     dc_net_lr: float = Field(0.01, gt=0)  # dc/dsa: that network's learning rate
     dsa: bool = True  # DSA on the local and the condensed training batches
     dsa_transforms: str = DEFAULT_TRANSFORMS  # DSA's transforms; digits: drop flip
