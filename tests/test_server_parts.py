@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 
 import numpy as np
 import torch
@@ -125,26 +126,50 @@ def test_round_line_shows_accuracy_time_and_traffic():
                           "stays")
 
 
-def test_in_simulation_the_server_assigns_partitions_by_node_id(server_task):
+def test_in_simulation_the_server_assigns_partitions_in_registration_order(server_task):
     from flwr.app import ConfigRecord, Message, RecordDict
+    from flwr.proto.node_pb2 import NodeInfo
 
     from driftfl.common.protocol import ASSIGNED_PARTITION, CONFIG, NUM_PARTITIONS
-    from driftfl.server.simulated import AssigningGrid, assign_partitions
+    from driftfl.server.simulated import AssigningGrid, assign_partitions, registration_order
 
-    clients = assign_partitions([907, 12, 55, 300], 3, lambda: [[1, 2], [3, 0], [0, 4]])
-    assert clients == [  # the three smallest ids, in order; 907 holds nothing
-        {"node_id": 12, "partition_id": 0, "num_examples": 3, "label_histogram": [1, 2]},
+    class Registry:  # Flower's engine registers nodes one after another, ids at random
+        def get_nodes(self):
+            return [NodeInfo(node_id=907, registered_at="2026-11-25T16:00:00.000003+00:00"),
+                    NodeInfo(node_id=300, registered_at="2026-11-25T16:00:00+00:00"),
+                    NodeInfo(node_id=55, registered_at="2026-11-25T16:00:00.000002+00:00"),
+                    NodeInfo(node_id=12)]  # a grid that does not say: after, by id
+
+    order = registration_order(Registry(), [12, 55, 300, 907])
+    assert order == [300, 55, 907, 12]
+    clients = assign_partitions(order, 3, lambda: [[1, 2], [3, 0], [0, 4]])
+    assert clients == [  # the first three registered, in order; 12 holds nothing
+        {"node_id": 300, "partition_id": 0, "num_examples": 3, "label_histogram": [1, 2]},
         {"node_id": 55, "partition_id": 1, "num_examples": 3, "label_histogram": [3, 0]},
-        {"node_id": 300, "partition_id": 2, "num_examples": 4, "label_histogram": [0, 4]}]
+        {"node_id": 907, "partition_id": 2, "num_examples": 4, "label_histogram": [0, 4]}]
 
-    class Echo:
-        def send_and_receive(self, messages, timeout=None):
-            return list(messages)
+    class Echo:  # replies with the message itself, one per look
+        def __init__(self):
+            self.pushed, self.looks = {}, 0
+
+        def push_messages(self, messages):
+            for i, message in enumerate(messages):
+                message.metadata.__dict__["_message_id"] = str(i)  # as Flower's grid does
+                self.pushed[str(i)] = message
+            return list(self.pushed)
+
+        def pull_messages(self, ids):
+            self.looks += 1
+            first = sorted(ids)[:1]
+            return [Message(self.pushed[i].content, reply_to=self.pushed[i]) for i in first]
 
     shared = RecordDict({CONFIG: ConfigRecord({"experiment": "{}"})})  # as strategies send it
-    sent = AssigningGrid(Echo(), clients).send_and_receive(
-        [Message(shared, dst_node_id=n, message_type="train") for n in (300, 12)])
-    assert [(m.metadata.dst_node_id, m.content[CONFIG][ASSIGNED_PARTITION],
-             m.content[CONFIG][NUM_PARTITIONS]) for m in sent] == [(300, 2, 3), (12, 0, 3)]
+    echo = Echo()
+    started = time.monotonic()
+    sent = AssigningGrid(echo, clients).send_and_receive(
+        [Message(shared, dst_node_id=n, message_type="train") for n in (907, 300)])
+    assert echo.looks == 2 and time.monotonic() - started < 0.1  # a look 5 ms after the first
+    assert [(m.content[CONFIG][ASSIGNED_PARTITION], m.content[CONFIG][NUM_PARTITIONS])
+            for m in sent] == [(2, 3), (0, 3)]
     assert ASSIGNED_PARTITION not in shared[CONFIG]  # the strategy's record is left alone
     assert sent[0].content[CONFIG]["experiment"] == "{}"

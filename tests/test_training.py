@@ -94,3 +94,22 @@ def test_prox_keeps_the_model_closer_to_where_it_started():
         return sum(float((p.detach() - s).pow(2).sum()) for p, s in zip(net.parameters(), start))
 
     assert drift(held) < drift(free)
+
+
+def test_logit_shift_is_kl_of_the_trained_to_the_global_logits_on_a_fixed_probe():
+    from driftfl.client.train import LogitShift
+
+    x, y = data(20)
+    net = model()
+    shift = LogitShift(net, x, 6, torch.Generator().manual_seed(3))
+    probe = torch.randperm(20, generator=torch.Generator().manual_seed(3))[:6]
+    assert torch.equal(shift.x, x[probe])  # the probe: `samples` local samples, seeded
+    with torch.no_grad():
+        before = net.eval()(x[probe])
+    assert shift.measure(net) == 0.0  # the global model has not moved
+    train_locally(net, x, y, SETTINGS, build_objective("ce", {}), torch.Generator())
+    with torch.no_grad():
+        after = net.eval()(x[probe])
+    expected = (F.softmax(after, 1) * (F.log_softmax(after, 1) - F.log_softmax(before, 1)))
+    assert abs(shift.measure(net) - float(expected.sum(1).mean())) < 1e-6
+    assert LogitShift(net, x, 0, torch.Generator()).measure(net) == 0.0  # samples=0: off

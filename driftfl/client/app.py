@@ -20,9 +20,8 @@ from .dcfl import DCFLClient, is_dcfl, received_images, to_record
 from .job import ClientJob
 from .objectives import build_objective
 from .objectives.csd import prototype_reply
-from .objectives.distill import logits_of
 from .redaction import keep_paths_local
-from .train import TrainSettings, logit_shift, train_locally
+from .train import LogitShift, TrainSettings, train_locally
 
 app = ClientApp(mods=[keep_paths_local])  # error replies carry no node paths
 
@@ -40,10 +39,8 @@ def train(msg: Message, context: Context) -> Message:
     model = job.model(ARRAYS)
     objective = build_objective(str(msg.content[CONFIG][METHOD]), exp.strategy, job)
     x, y = job.tensors()
-    # a fixed sample of local data on which to measure the logit shift local training causes
-    probe = torch.randperm(len(y), generator=torch.Generator().manual_seed(_seed(job, 1)))
-    probe_x = x[probe[: exp.logit_shift_samples].to(x.device)]
-    global_logits = logits_of(model, probe_x)
+    shift = LogitShift(model, x, exp.logit_shift_samples,
+                       torch.Generator().manual_seed(_seed(job, 1)))
 
     generator = torch.Generator().manual_seed(_seed(job, 0))
     records, extra = {}, {}
@@ -59,7 +56,7 @@ def train(msg: Message, context: Context) -> Message:
     objective.after_training(model, stats)
     metrics = MetricRecord({NUM_EXAMPLES: stats.num_examples, LOCAL_STEPS: stats.steps,
                             TRAIN_LOSS: stats.mean_loss,
-                            "logit-shift": logit_shift(global_logits, model, probe_x),
+                            "logit-shift": shift.measure(model),
                             **objective.diagnostics(), **extra})
     return Message(RecordDict({ARRAYS: model_to_arrays(model), METRICS: metrics,
                                **objective.reply_records(), **records}), reply_to=msg)

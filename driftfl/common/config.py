@@ -84,7 +84,7 @@ class ExperimentConfig(Settings):
     seed: int = Field(0, ge=0, le=2**32 - 1)
     device: Literal["cpu", "cuda"] = "cpu"
     eval_batch_size: int | None = Field(None, ge=1, le=MANY)  # None: by device (forward_batch_size)
-    logit_shift_samples: int = Field(256, ge=0, le=MANY)
+    logit_shift_samples: int = Field(32, ge=0, le=MANY)
     round_timeout: float = Field(3600.0, gt=0, le=MONTH)
     # a client's update (and the aggregate) may move the model by at most this many times
     # the global model's norm (at least 1); a larger one is refused as corrupt or hostile

@@ -34,7 +34,7 @@ from .results import RunRecorder
 from .roster import Roster
 from .run_config import experiment_overrides
 from .rounds import run_rounds
-from .simulated import AssigningGrid, assign_partitions
+from .simulated import AssigningGrid, assign_partitions, registration_order
 from .survey import survey_clients
 from .traffic import MeteredGrid
 
@@ -100,7 +100,8 @@ def run_experiment(grid: Grid, experiment: Experiment, run_dir: Path, run_id: in
     experiment_record = ConfigRecord({EXPERIMENT: cfg.to_json(),
                                       DATASET_META: experiment.meta.to_json()})
     if isinstance(grid, InMemoryGrid):  # Flower's simulation: the server assigns partitions
-        clients = assign_partitions(simulated, cfg.num_clients, experiment.partition_histograms)
+        clients = assign_partitions(registration_order(grid, simulated), cfg.num_clients,
+                                    experiment.partition_histograms)
         metered = MeteredGrid(AssigningGrid(grid, clients))
     else:  # deployment: each node says what it holds
         metered = MeteredGrid(grid)

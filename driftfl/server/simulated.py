@@ -3,28 +3,55 @@
 Flower's simulation gives its nodes random ids, and asking 10,000 of them which partition they
 hold took minutes (Flower's engine polls every node for every message it delivers). In
 simulation every node is the experimenter's own, so the server assigns the partitions itself:
-the i-th smallest node id holds partition i, each client's label histogram comes from the
-partitioning, and every message a node receives names its partition (``ASSIGNED_PARTITION``,
+the i-th node Flower registered holds partition i (the partition-id Flower's own node config
+gives it), each client's label histogram comes from the partitioning, and every message a node receives names its partition (``ASSIGNED_PARTITION``,
 added per message here, so that strategies build their messages as in deployment and the byte
 counts stay those of deployment). A node heeds the key only when it runs in Flower's simulation
 engine, a fact of its own process (``driftfl.client.node.in_simulation``); a deployed node reads
 what its operator named and ignores it.
+
+Registration order matters for speed: Flower's engine queues a round's messages for its actors
+in the order it registered the nodes, so partition i's message is queued i-th, as every run of
+the experiment (and benchmarks/overhead.py's floor) hands them out. Assigned by node id, the
+random ids put the partitions in a new random order every run, and a large partition queued last
+kept one actor busy while the other idled: 5 % on a median run of 10 unequal clients on 2 actors,
+16 % at worst (benchmarks/client_profile.py, docs/benchmarks.md).
 """
 
 from __future__ import annotations
 
+import math
+import time
 from collections.abc import Callable, Iterable
+from datetime import datetime, timezone
 
 from flwr.app import ConfigRecord, Message, RecordDict
 from flwr.serverapp import Grid
 
 from driftfl.common.protocol import ASSIGNED_PARTITION, CONFIG, NUM_PARTITIONS
 
+# the pause between looks for replies: 1 ms per awaited reply, within 5 ms and Flower's 0.1 s
+PULL_SECONDS_PER_REPLY = 0.001
+PULL_SECONDS = (0.005, 0.1)
+
+
+def registration_order(grid: Grid, nodes: Iterable[int]) -> list[int]:
+    """``nodes`` in the order Flower registered them (its NodeInfo's ``registered_at``, the
+    node id breaking a tie or standing in where a grid does not say)."""
+    def moment(stamp: str) -> datetime:  # Flower's stamps are in UTC
+        return datetime.fromisoformat(stamp).replace(tzinfo=timezone.utc)
+
+    registered = {info.node_id: moment(info.registered_at)
+                  for info in grid.get_nodes() if info.registered_at}
+    unknown = datetime.max.replace(tzinfo=timezone.utc)
+    return sorted(nodes, key=lambda node: (registered.get(node, unknown), node))
+
 
 def assign_partitions(nodes: Iterable[int], num_clients: int,
                       histograms: Callable[[], list[list[int]]]) -> list[dict]:
-    """The clients as the data survey would report them: node i (by id) holds partition i."""
-    chosen = sorted(nodes)[:num_clients]
+    """The clients as the data survey would report them: the i-th of ``nodes`` (in
+    registration order) holds partition i."""
+    chosen = list(nodes)[:num_clients]
     return [{"node_id": node, "partition_id": i, "num_examples": sum(histogram),
              "label_histogram": histogram}
             for i, (node, histogram) in enumerate(zip(chosen, histograms()))]
@@ -41,8 +68,22 @@ class AssigningGrid:
     def __getattr__(self, name):
         return getattr(self._grid, name)
 
-    def send_and_receive(self, messages: Iterable[Message], *args, **kwargs) -> Iterable[Message]:
-        return self._grid.send_and_receive([self.stamp(m) for m in messages], *args, **kwargs)
+    def send_and_receive(self, messages: Iterable[Message], *,
+                         timeout: float | None = None) -> list[Message]:
+        """Flower's InMemoryGrid.send_and_receive, looking for the replies more often when few
+        are awaited: its look every 0.1 s cost each exchange 50 ms on average, most of a round
+        whose clients answer in milliseconds, while a look costs microseconds per awaited reply."""
+        awaited = set(self._grid.push_messages([self.stamp(m) for m in messages]))
+        deadline = math.inf if timeout is None else time.monotonic() + timeout
+        replies: list[Message] = []
+        while awaited and time.monotonic() < deadline:
+            arrived = list(self._grid.pull_messages(awaited))
+            replies += arrived
+            awaited -= {reply.metadata.reply_to_message_id for reply in arrived}
+            if awaited:
+                time.sleep(min(max(PULL_SECONDS_PER_REPLY * len(awaited), PULL_SECONDS[0]),
+                               PULL_SECONDS[1]))
+        return replies
 
     def stamp(self, msg: Message) -> Message:
         node = msg.metadata.dst_node_id
