@@ -5,21 +5,28 @@
     worker processes as driftfl has actors (1 torch thread each), clients handed out one at a
     time, then the same weighted average and the same central evaluation.
 
+(c) with --ray-floor, the same floor with its workers as Ray actors (1 CPU each, Ray's
+    ActorPool) instead of a process pool: what Ray's worker processes and task dispatch cost
+    the same code, apart from Flower and driftfl.
+
 Prints, per model, the steady-round wall time of both (median over rounds 2..R: round 1 holds
 Ray's start and the first data load) and their ratio, for the whole round and for the training
 phase alone; with the mlp, whose compute is tiny, the difference is driftfl's fixed cost per round.
+The floor hands the clients out in partition order, as driftfl's simulation does.
 
     .venv/bin/python benchmarks/overhead.py                  # cnn and mlp, 4 rounds each
-    .venv/bin/python benchmarks/overhead.py --models cnn --rounds 6
+    .venv/bin/python benchmarks/overhead.py --models cnn --rounds 6 --ray-floor
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import multiprocessing as mp
 import os
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -73,19 +80,52 @@ def _train_client(job):
     return {k: v.detach().numpy() for k, v in model.state_dict().items()}, len(y)
 
 
-def floor_rounds(cfg, rounds: int, workers: int) -> list[dict]:
+class _RayWorker:
+    """A floor worker as a Ray actor: the same code as the process pool's."""
+
+    def __init__(self, cfg_json: str):
+        sys.path.insert(0, str(REPO))
+        _init_worker(cfg_json)
+
+    def train(self, job):
+        return _train_client(job)
+
+
+@contextlib.contextmanager
+def _process_pool(cfg, workers: int):
+    with mp.get_context("spawn").Pool(workers, initializer=_init_worker,
+                                      initargs=(cfg.to_json(),)) as pool:
+        yield lambda jobs: list(pool.imap_unordered(_train_client, jobs, chunksize=1))
+
+
+@contextlib.contextmanager
+def _ray_pool(cfg, workers: int):
+    import ray
+    from ray.util import ActorPool
+
+    warnings.filterwarnings("ignore", message="Tip:")  # Ray's note on a future default
+    ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False,
+             runtime_env={"env_vars": {"PYTHONPATH": str(Path(__file__).resolve().parent)}})
+    try:
+        actor = ray.remote(num_cpus=1)(_RayWorker)
+        pool = ActorPool([actor.remote(cfg.to_json()) for _ in range(workers)])
+        yield lambda jobs: list(pool.map_unordered(lambda a, job: a.train.remote(job), jobs))
+    finally:
+        ray.shutdown()
+
+
+def floor_rounds(cfg, rounds: int, workers: int, in_ray: bool = False) -> list[dict]:
     data = load_dataset(cfg.dataset)
     torch.manual_seed(int(cfg.seed))
     model = build_model(cfg.model, data.shape, data.num_classes)
     test_x, test_y = to_tensors(data.test_x, data.test_y, data.mean, data.std)
-    ctx = mp.get_context("spawn")
-    with ctx.Pool(workers, initializer=_init_worker, initargs=(cfg.to_json(),)) as pool:
+    with (_ray_pool if in_ray else _process_pool)(cfg, workers) as train_all:
         rows = []
         for server_round in range(1, rounds + 1):
             started = time.perf_counter()
             state = {k: v.clone() for k, v in model.state_dict().items()}
             jobs = [(c, state, server_round) for c in range(int(cfg.num_clients))]
-            results = list(pool.imap_unordered(_train_client, jobs, chunksize=1))
+            results = train_all(jobs)
             total = sum(n for _, n in results)
             average = {k: sum(s[k].astype(np.float64) * n / total for s, n in results)
                        for k in results[0][0]}
@@ -105,6 +145,8 @@ def main() -> None:
     parser.add_argument("--models", default="cnn,mlp")
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--clients", type=int, default=10)
+    parser.add_argument("--ray-floor", action="store_true",
+                        help="also run the floor's workers as Ray actors")
     args = parser.parse_args()
     workers = os.cpu_count() or 1  # driftfl's Ray actors: one per core at client_cpus=1
 
@@ -119,6 +161,12 @@ def main() -> None:
         cfg = compose(overrides)
         ours = driftfl_rounds(overrides)
         floor = floor_rounds(cfg, args.rounds, workers)
+        if args.ray_floor:
+            in_ray = floor_rounds(cfg, args.rounds, workers, in_ray=True)
+            print(f"{name:<6} floor in Ray actors: round {steady(in_ray, 'seconds'):.2f} s, train "
+                  f"{steady(in_ray, 'train_seconds'):.2f} s "
+                  f"({steady(in_ray, 'train_seconds') / steady(floor, 'train_seconds'):.2f}x "
+                  "the floor's process pool)")
         row = {"driftfl_round": steady(ours, "seconds"), "floor_round": steady(floor, "seconds"),
                "driftfl_train": steady(ours, "train_seconds"),
                "floor_train": steady(floor, "train_seconds")}

@@ -72,8 +72,11 @@ def test_a_stopped_run_resumes_as_the_readme_says(walk, fmnist_available):
     started = smaller(command.replace(f"resume={resumed}", f"hydra.run.dir={resumed}"), 3)
     walk.run(started.replace(f"hydra.run.dir={resumed}", "hydra.run.dir=whole"))
     with open(walk.root / "stopped.err", "w") as err:
+        # Ctrl-C as a terminal delivers it, even when the suite itself was started in the
+        # background (where a shell ignores SIGINT, and every child inherits that)
         run = subprocess.Popen(["bash", "-c", f"exec {started}"], cwd=walk.cwd, env=walk.env,
-                               stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
+                               stdout=subprocess.DEVNULL, stderr=err, start_new_session=True,
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         deadline = time.monotonic() + 600
         while not (walk.cwd / resumed / "checkpoint.pt").exists():
             assert run.poll() is None and time.monotonic() < deadline
