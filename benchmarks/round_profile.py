@@ -27,7 +27,7 @@ STAGES = [
     ("client: local training (the floor does the same)", "training.py", "train_locally"),
     ("client: read the message (experiment, caps, data)", "job.py", "from_message"),
     ("client: build the model and load the weights", "job.py", "model"),
-    ("client: logit-shift diagnostic (2 passes over 256 samples)", "distill.py", "logits_of"),
+    ("client: logit-shift diagnostic (2 passes over 32 samples)", "distill.py", "logits_of"),
     ("client: pack the reply's weights", "protocol.py", "model_to_arrays"),
     ("server: check the replies", "base.py", "accept"),
     ("server: aggregate", "aggregation.py", "aggregate"),
