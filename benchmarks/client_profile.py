@@ -29,7 +29,9 @@ from pathlib import Path
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO), str(REPO / "tests"), str(Path(__file__).resolve().parent)]
+sys.path[:0] = [str(REPO), str(Path(__file__).resolve().parent)]
+
+from _runs import cumulative_seconds, in_process_federation  # noqa: E402
 
 # (label, file, function): the stage's cumulative seconds in the profile
 STAGES = [
@@ -49,23 +51,10 @@ STAGES = [
 def train_messages(overrides: list[str]):
     """Round 1's train messages, as the strategy builds them, and each node's Context."""
     from flwr.app import ConfigRecord
-    from flwr.supercore.task_identity import TaskIdentity
-    from test_methods import InProcessGrid, fmnist_nodes
 
-    from driftfl.common.config import compose
-    from driftfl.common.protocol import DATASET_META, EXPERIMENT, model_to_arrays
-    from driftfl.methods import build_strategy
-    from driftfl.server.experiment import prepare_experiment
-    from driftfl.server.survey import survey_clients
+    from driftfl.common.protocol import model_to_arrays
 
-    for name, value in (("_run_id", 1), ("_node_id", 0), ("_task_id", 0)):
-        setattr(TaskIdentity, name, value)  # Flower stamps messages with a task identity
-    experiment = prepare_experiment(compose([*overrides, "verbose=false"]), make_partition=True)
-    cfg, model = experiment.cfg, experiment.initial_model()
-    strategy = build_strategy(cfg, model, experiment.aux_set(model))
-    grid = InProcessGrid(fmnist_nodes(cfg.num_clients))
-    record = ConfigRecord({EXPERIMENT: cfg.to_json(), DATASET_META: experiment.meta.to_json()})
-    strategy.meet(survey_clients(grid, record, cfg.num_clients, node_wait=5, timeout=60))
+    cfg, model, strategy, grid, record = in_process_federation(overrides)
     captured = []
 
     def capture(messages, timeout=None):  # keeps the train messages, answers nothing
@@ -128,8 +117,7 @@ def main() -> None:
     stats = pstats.Stats(profile).stats
 
     def stage(filename: str, function: str) -> float:
-        return sum(cumulative for (path, _, fn), (_, _, _, cumulative, _) in stats.items()
-                   if fn == function and path.endswith(filename))
+        return cumulative_seconds(stats, filename, function)
 
     ours, plain = statistics.median(handler), statistics.median(floor)
     print(f"{args.strategy}, {args.model}, client {client} ({sizes[client]} samples, "

@@ -20,7 +20,9 @@ from pathlib import Path
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO), str(REPO / "tests")]
+sys.path[:0] = [str(REPO), str(Path(__file__).resolve().parent)]
+
+from _runs import cumulative_seconds, in_process_federation  # noqa: E402
 
 # (label, function) pairs read from the profile: cumulative seconds per round
 STAGES = [
@@ -36,25 +38,11 @@ STAGES = [
 
 def main(rounds: int = 3) -> None:
     from flwr.app import ConfigRecord
-    from flwr.supercore.task_identity import TaskIdentity
-    from test_methods import InProcessGrid, fmnist_nodes
 
-    from driftfl.common.config import compose
-    from driftfl.common.protocol import DATASET_META, EXPERIMENT, model_to_arrays
-    from driftfl.methods import build_strategy
-    from driftfl.server.experiment import prepare_experiment
-    from driftfl.server.survey import survey_clients
+    from driftfl.common.protocol import model_to_arrays
 
     torch.set_num_threads(1)  # as in a simulation actor
-    for name, value in (("_run_id", 1), ("_node_id", 0), ("_task_id", 0)):
-        setattr(TaskIdentity, name, value)  # Flower stamps messages with a task identity
-    experiment = prepare_experiment(compose(["model=mlp", "num_clients=10", "verbose=false"]),
-                                    make_partition=True)
-    cfg, model = experiment.cfg, experiment.initial_model()
-    strategy = build_strategy(cfg, model, None)
-    grid = InProcessGrid(fmnist_nodes(10))
-    record = ConfigRecord({EXPERIMENT: cfg.to_json(), DATASET_META: experiment.meta.to_json()})
-    strategy.meet(survey_clients(grid, record, 10, node_wait=5, timeout=60))
+    _, model, strategy, grid, record = in_process_federation(["model=mlp", "num_clients=10"])
 
     def run(num_rounds: int) -> None:
         strategy.start(grid=grid, initial_arrays=model_to_arrays(model), num_rounds=num_rounds,
@@ -70,8 +58,7 @@ def main(rounds: int = 3) -> None:
     print(f"{rounds} rounds of 10 clients, one process: {total / rounds:.3f} s per round")
     accounted = 0.0
     for label, filename, function in STAGES:
-        seconds = sum(cumulative for (path, _, fn), (_, _, _, cumulative, _) in stats.items()
-                      if fn == function and path.endswith(filename)) / rounds
+        seconds = cumulative_seconds(stats, filename, function) / rounds
         if "training" not in label:
             accounted += seconds
         print(f"  {label:<62} {seconds:7.3f} s")

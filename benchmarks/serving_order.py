@@ -48,7 +48,8 @@ def main() -> None:
         shuffled.append(makespan(sizes, order, args.workers) / ideal)
     shuffled.sort()
     print(f"client sizes {sizes}; round time on {args.workers} workers / the ideal:")
-    print(f"  partition order  {makespan(sizes, list(range(args.clients)), args.workers) / ideal:.3f}x")
+    in_order = makespan(sizes, list(range(args.clients)), args.workers) / ideal
+    print(f"  partition order  {in_order:.3f}x")
     print(f"  random orders    median {statistics.median(shuffled):.3f}x, 90th percentile "
           f"{shuffled[int(0.9 * len(shuffled))]:.3f}x, worst {shuffled[-1]:.3f}x")
 

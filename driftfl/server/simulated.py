@@ -4,18 +4,19 @@ Flower's simulation gives its nodes random ids, and asking 10,000 of them which 
 hold took minutes (Flower's engine polls every node for every message it delivers). In
 simulation every node is the experimenter's own, so the server assigns the partitions itself:
 the i-th node Flower registered holds partition i (the partition-id Flower's own node config
-gives it), each client's label histogram comes from the partitioning, and every message a node receives names its partition (``ASSIGNED_PARTITION``,
-added per message here, so that strategies build their messages as in deployment and the byte
-counts stay those of deployment). A node heeds the key only when it runs in Flower's simulation
-engine, a fact of its own process (``driftfl.client.node.in_simulation``); a deployed node reads
-what its operator named and ignores it.
+gives it), each client's label histogram comes from the partitioning, and every message a node
+receives names its partition (``ASSIGNED_PARTITION``, added per message here, so that
+strategies build their messages as in deployment and the byte counts stay those of deployment).
+A node heeds the key only when it runs in Flower's simulation engine, a fact of its own process
+(``driftfl.client.node.in_simulation``); a deployed node reads what its operator named and
+ignores it.
 
 Registration order matters for speed: Flower's engine queues a round's messages for its actors
 in the order it registered the nodes, so partition i's message is queued i-th, as every run of
 the experiment (and benchmarks/overhead.py's floor) hands them out. Assigned by node id, the
 random ids put the partitions in a new random order every run, and a large partition queued last
 kept one actor busy while the other idled: 5 % on a median run of 10 unequal clients on 2 actors,
-16 % at worst (benchmarks/client_profile.py, docs/benchmarks.md).
+16 % at worst (benchmarks/serving_order.py, docs/benchmarks.md).
 """
 
 from __future__ import annotations

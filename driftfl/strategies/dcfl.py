@@ -60,7 +60,8 @@ class DCFLSettings(StrategySettings, CondensationSettings):
     pretrain_epochs: int = Field(10, ge=0, le=MANY)  # the server's epochs on all condensed images
     pretrain_lr: float = Field(0.01, gt=0)  # and their learning rate
     filter_ratio: float = Field(0.2, ge=0, lt=1)  # r: share of a group's images dropped
-    group_size: int | None = Field(None, ge=0, le=MANY)  # complementary group; null: clients/round - 1
+    # the complementary group's size; null: clients per round - 1
+    group_size: int | None = Field(None, ge=0, le=MANY)
 
 
 def check_condensed(msg: Message, shape: tuple[int, ...], num_classes: int,

@@ -123,7 +123,8 @@ class TrimmedMeanAggregation(RobustAggregation):
 
 
 class KrumSettings(Settings):
-    num_malicious: int = Field(0, ge=0, le=MANY)  # f: bad replies tolerated; needs n > 2f + 2 replies
+    # f: bad replies tolerated; needs n > 2f + 2 replies
+    num_malicious: int = Field(0, ge=0, le=MANY)
     num_selected: int = Field(1, ge=1, le=MANY)  # m: replies kept; 1 is Krum, more is Multi-Krum
 
 
