@@ -73,11 +73,13 @@ class ImageData:
 
 
 def channel_stats(x: np.ndarray) -> tuple[tuple[float, ...], tuple[float, ...]]:
-    """Exact per-channel mean and std of uint8 images, from a 256-bin histogram (no float copy)."""
+    """Exact per-channel mean and std of uint8 images, from a 256-bin histogram (no float copy;
+    torch counts the bytes as they are, where NumPy first widens them to 8 bytes each)."""
     levels = np.arange(256) / 255.0
     means, stds = [], []
     for c in range(x.shape[1]):
-        counts = np.bincount(x[:, c].ravel(), minlength=256)
+        channel = torch.from_numpy(np.ascontiguousarray(x[:, c])).ravel()
+        counts = torch.bincount(channel, minlength=256).numpy()
         mean = float(counts @ levels / counts.sum())
         stds.append(float(np.sqrt(counts @ (levels - mean) ** 2 / counts.sum())) or 1.0)
         means.append(mean)
