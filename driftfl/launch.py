@@ -8,6 +8,7 @@ federation is sized from the experiment, logs are streamed, and the SuperLink is
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
@@ -18,6 +19,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import tomllib
 import urllib.request
 from pathlib import Path
 
@@ -148,18 +150,38 @@ def check_destination(cfg: ExperimentConfig) -> None:
         check_ray_address(cfg.simulation.ray_address)
 
 
-def follow(command: list[str], env: dict[str, str], verbose: bool) -> None:
-    """Run `flwr run ... --stream`, printing its lines as they come (Flower's and Ray's noise
-    left out unless ``verbose``). Its exit code tells nothing (0 whatever became of the run):
-    the run directory does."""
-    from driftfl.quiet import relay
+@contextlib.contextmanager
+def app_bundle():
+    """A scratch copy of the Flower app: pyproject.toml and the files its ``fab-include``
+    names. `flwr run` reads every file under the folder it is given before it filters them,
+    and a .venv inside the repository holds some 50,000 (2-3 s a run); the bundle it builds
+    from the copy is the same, byte for byte."""
+    with open(APP_DIR / "pyproject.toml", "rb") as f:
+        patterns = tomllib.load(f)["tool"]["flwr"]["app"]["fab-include"]
+    with tempfile.TemporaryDirectory(prefix="driftfl-app-") as copy:
+        for path in ["pyproject.toml", *{str(p.relative_to(APP_DIR)) for pattern in patterns
+                                         for p in APP_DIR.glob(pattern) if p.is_file()}]:
+            (Path(copy) / path).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(APP_DIR / path, Path(copy) / path)
+        yield Path(copy)
 
-    with subprocess.Popen(command, env=env, cwd=APP_DIR, stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True, bufsize=1) as flwr:
+
+def follow(args: list[str], env: dict[str, str], verbose: bool) -> None:
+    """Run `flwr run <app> <args>` (``<app>``: a copy of the app, see app_bundle; ``args``
+    with --stream), printing its lines as they come (Flower's and Ray's noise left out unless
+    ``verbose``) until the run's closing results line: what Flower does after it (shutting Ray
+    down, closing the stream) takes seconds and changes nothing. Its exit code tells nothing
+    (0 whatever became of the run): the run directory does."""
+    from driftfl.quiet import relay
+    from driftfl.server.console import RESULTS
+
+    with app_bundle() as app, subprocess.Popen(
+            [_tool("flwr"), "run", str(app), *args], env=env, cwd=APP_DIR,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1) as flwr:
         try:
-            relay(flwr.stdout, verbose)
+            relay(flwr.stdout, verbose, last=RESULTS)
         finally:
-            if flwr.poll() is None:  # stopped by Ctrl-C or SIGTERM: flwr only streams logs
+            if flwr.poll() is None:  # done, or stopped by Ctrl-C or SIGTERM: it only streams
                 flwr.terminate()
 
 
@@ -194,8 +216,7 @@ def launch_simulation(cfg: ExperimentConfig, overrides: list[str], run_dir: Path
             federation = (f"num_supernodes={cfg.num_clients} "
                           f"client_resources_num_cpus={cfg.simulation.client_cpus} "
                           f"client_resources_num_gpus={cfg.simulation.client_gpus}")
-            follow([_tool("flwr"), "run", str(APP_DIR), CONNECTION,
-                    "--run-config", run_config_arg(overrides, run_dir, resume),
+            follow([CONNECTION, "--run-config", run_config_arg(overrides, run_dir, resume),
                     "--federation-config", federation, "--stream"], env, cfg.verbose)
         except (SystemExit, KeyboardInterrupt) as stopped:
             stop(superlink)
@@ -232,7 +253,7 @@ def launch_deployment(cfg: ExperimentConfig, overrides: list[str], run_dir: Path
     env = {**os.environ, "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
            "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]])}
     try:
-        follow([_tool("flwr"), "run", str(APP_DIR), cfg.superlink, "--stream",
+        follow([cfg.superlink, "--stream",
                 "--run-config", run_config_arg(overrides, run_dir, resume)], env, cfg.verbose)
     except KeyboardInterrupt:
         print(f"driftfl: stopped following the run; it may go on in the federation "

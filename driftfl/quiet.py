@@ -36,10 +36,13 @@ def is_noise(line: str) -> bool:
     return bool(NOISE.search(ANSI.sub("", line)))
 
 
-def relay(lines: Iterable[str], verbose: bool, out=None) -> None:
-    """Print ``lines`` as they come, Flower's and Ray's noise left out unless ``verbose``."""
+def relay(lines: Iterable[str], verbose: bool, out=None, last: str | None = None) -> None:
+    """Print ``lines`` as they come, Flower's and Ray's noise left out unless ``verbose``;
+    return after the first line that starts with ``last``, when given."""
     out = out or sys.stdout
     for line in lines:
         if verbose or not is_noise(line):
             out.write(line)
             out.flush()
+        if last and ANSI.sub("", line).startswith(last):
+            return

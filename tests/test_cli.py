@@ -258,6 +258,22 @@ def test_launch_refuses_what_it_cannot_pass_on_before_writing(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
+def test_flwr_run_gets_a_copy_of_the_app_that_bundles_to_the_same_bytes(tmp_path):
+    """`flwr run` reads every file under the folder it gets (the repository's .venv too)
+    before filtering them: driftfl hands it a copy holding only what the bundle takes."""
+    from flwr.cli.build import build_fab_from_disk
+
+    from driftfl.launch import APP_DIR, app_bundle
+
+    with app_bundle() as copy:
+        files = sorted(str(p.relative_to(copy)) for p in copy.rglob("*") if p.is_file())
+        assert build_fab_from_disk(copy) == build_fab_from_disk(APP_DIR)
+    assert "pyproject.toml" in files and "driftfl/server/app.py" in files
+    assert "conf/config.yaml" in files
+    assert all(f == "pyproject.toml" or f.startswith(("driftfl/", "conf/")) for f in files)
+    assert not copy.exists()
+
+
 def test_cfg_job_prints_the_composed_experiment(tmp_path):
     out = driftfl("run", "--cfg", "job", "strategy=fedprox", cwd=tmp_path)
     assert out.returncode == 0 and "objective: prox" in out.stdout

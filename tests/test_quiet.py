@@ -42,3 +42,18 @@ def test_only_the_runs_own_lines_are_shown_unless_verbose():
     relay(FLOWER + DRIFTFL, verbose=True, out=verbose)
     assert quiet.getvalue() == "".join(DRIFTFL)
     assert verbose.getvalue() == "".join(FLOWER + DRIFTFL)
+
+
+def test_following_stops_after_the_results_line_and_reads_no_further():
+    """What Flower prints after a completed run's results line is its own shutdown: driftfl
+    stops reading there (and stops the SuperLink), and takes nothing after it."""
+    from driftfl.server.console import RESULTS, summary_line
+
+    closing = summary_line({"rounds": 2, "seconds": 20.9, "final_accuracy": 0.532,
+                            "best_accuracy": 0.532, "best_round": 2}, "/runs/x").split("\n")
+    assert closing[1].startswith(RESULTS)
+    lines = iter(DRIFTFL[:2] + [line + "\n" for line in closing] + FLOWER)
+    out = io.StringIO()
+    relay(lines, verbose=True, out=out, last=RESULTS)
+    assert out.getvalue() == "".join(DRIFTFL[:2]) + "\n".join(closing) + "\n"
+    assert next(lines) == FLOWER[0]  # still unread

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 MAX_ROWS = 20
+# The last line a completed run prints: `driftfl run` stops following Flower after it
+RESULTS = "results: "
 MAX_CLASS_COLUMNS = 12
 
 
@@ -73,4 +75,4 @@ def summary_line(summary: dict, run_dir) -> str:
     return (f"driftfl: {summary['rounds']} rounds in {duration(summary['seconds'])}; final test "
             f"accuracy {100 * summary['final_accuracy']:.2f}% (best "
             f"{100 * summary['best_accuracy']:.2f}% at round {summary['best_round']})\n"
-            f"results: {run_dir} (metrics.csv, metrics.json, accuracy.png, model.pt)")
+            f"{RESULTS}{run_dir} (metrics.csv, metrics.json, accuracy.png, model.pt)")
