@@ -80,7 +80,7 @@ def test_driftfl_run_trains_and_writes_the_run_directory(tmp_path, fmnist_availa
     model.load_state_dict(torch.load(run_dir / "model.pt", weights_only=True))  # the final model loads back
 
 
-@pytest.mark.timeout(1800)  # every method in one sweep: about 5 min on 2 cores, 3 at a time
+@pytest.mark.timeout(1800)  # every method in one sweep: about 3.5 min on 2 cores, 3 at a time
 def test_sweep_runs_every_method_in_its_own_directory(tmp_path, fmnist_available):
     """A quick job is mostly start-up (Ray, SuperLink, imports) that leaves cores idle, so the
     sweep runs its jobs three at a time with Hydra's joblib launcher."""
