@@ -237,3 +237,21 @@ def test_npz_labels_must_be_class_indices(tmp_path):
              y_test=np.array([0.5, 1.0]))
     with pytest.raises(ConfigError, match=r"split.npz: y_test\[0\] is 0.5;.* index in y_test$"):
         load_dataset({"name": "npz", "root": str(tmp_path / "split.npz")})
+
+
+def test_channel_stats_are_the_exact_mean_and_std_of_each_channel():
+    """Pinned by hand on a tiny case, and equal to float64 statistics on random images."""
+    from driftfl.common.datasets import channel_stats
+
+    x = np.zeros((2, 2, 1, 2), dtype=np.uint8)
+    x[:, 0, 0] = [[0, 255], [255, 255]]  # channel 0: three 1.0 and a 0.0
+    x[:, 1] = 51  # channel 1: all 0.2, std 0 -> 1.0 so normalising never divides by zero
+    means, stds = channel_stats(x)
+    assert means == (0.75, 0.2) and stds[1] == 1.0
+    assert stds[0] == pytest.approx(np.sqrt(0.75 * 0.25), abs=1e-15)
+
+    images = np.random.default_rng(0).integers(0, 256, (300, 3, 8, 8), dtype=np.uint8)
+    means, stds = channel_stats(images)
+    scaled = images.astype(np.float64) / 255.0
+    assert means == pytest.approx(scaled.mean(axis=(0, 2, 3)), abs=1e-12)
+    assert stds == pytest.approx(scaled.std(axis=(0, 2, 3)), abs=1e-12)
