@@ -68,8 +68,9 @@ def _wait_healthy(port: int, process: subprocess.Popen, log: Path, timeout: floa
 
 
 def stop(process: subprocess.Popen, grace: float = 15) -> None:
-    """Stop a process and everything below it. Flower starts flwr-simulation, and Ray its
-    workers, in sessions of their own, so a process group is not enough: walk the tree."""
+    """Stop a process and everything below it: SIGTERM, and SIGKILL to what is left after
+    ``grace`` seconds. Flower starts flwr-simulation, and Ray its workers, in sessions of their
+    own, so a process group is not enough: walk the tree."""
     import psutil
 
     try:
@@ -166,12 +167,13 @@ def app_bundle():
         yield Path(copy)
 
 
-def follow(args: list[str], env: dict[str, str], verbose: bool) -> None:
+def follow(args: list[str], env: dict[str, str], verbose: bool) -> bool:
     """Run `flwr run <app> <args>` (``<app>``: a copy of the app, see app_bundle; ``args``
     with --stream), printing its lines as they come (Flower's and Ray's noise left out unless
     ``verbose``) until the run's closing results line: what Flower does after it (shutting Ray
-    down, closing the stream) takes seconds and changes nothing. Its exit code tells nothing
-    (0 whatever became of the run): the run directory does."""
+    down, closing the stream) takes seconds and changes nothing. True when that line came.
+    `flwr run`'s exit code tells nothing (0 whatever became of the run): the run directory
+    does."""
     from driftfl.quiet import relay
     from driftfl.server.console import RESULTS
 
@@ -179,7 +181,7 @@ def follow(args: list[str], env: dict[str, str], verbose: bool) -> None:
             [_tool("flwr"), "run", str(app), *args], env=env, cwd=APP_DIR,
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1) as flwr:
         try:
-            relay(flwr.stdout, verbose, last=RESULTS)
+            return relay(flwr.stdout, verbose, last=RESULTS)
         finally:
             if flwr.poll() is None:  # done, or stopped by Ctrl-C or SIGTERM: it only streams
                 flwr.terminate()
@@ -211,13 +213,15 @@ def launch_simulation(cfg: ExperimentConfig, overrides: list[str], run_dir: Path
                  "--port", str(port)],
                 env=env, cwd=APP_DIR, stdout=log, stderr=subprocess.STDOUT,
                 start_new_session=True)
+        finished = False
         try:
             _wait_healthy(port, superlink, log_path)
             federation = (f"num_supernodes={cfg.num_clients} "
                           f"client_resources_num_cpus={cfg.simulation.client_cpus} "
                           f"client_resources_num_gpus={cfg.simulation.client_gpus}")
-            follow([CONNECTION, "--run-config", run_config_arg(overrides, run_dir, resume),
-                    "--federation-config", federation, "--stream"], env, cfg.verbose)
+            finished = follow([CONNECTION, "--run-config", run_config_arg(overrides, run_dir,
+                                                                          resume),
+                               "--federation-config", federation, "--stream"], env, cfg.verbose)
         except (SystemExit, KeyboardInterrupt) as stopped:
             stop(superlink)
             print(f"driftfl: stopped{resume_hint(run_dir, overrides, '; ')}", file=sys.stderr)
@@ -225,7 +229,9 @@ def launch_simulation(cfg: ExperimentConfig, overrides: list[str], run_dir: Path
             code = stopped.code if isinstance(stopped, SystemExit) else 128 + signal.SIGINT
             raise SystemExit(code) from None
         finally:
-            stop(superlink)
+            # a finished run has written every file: what Ray and Flower would tidy on a
+            # SIGTERM (4-6 s of it) is of no use, so the rest is killed after a second
+            stop(superlink, grace=1 if finished else 15)
     summary = run_dir / "summary.json"
     if summary.is_file() and json.loads(summary.read_text()).get("status") == "completed":
         return 0

@@ -36,13 +36,15 @@ def is_noise(line: str) -> bool:
     return bool(NOISE.search(ANSI.sub("", line)))
 
 
-def relay(lines: Iterable[str], verbose: bool, out=None, last: str | None = None) -> None:
+def relay(lines: Iterable[str], verbose: bool, out=None, last: str | None = None) -> bool:
     """Print ``lines`` as they come, Flower's and Ray's noise left out unless ``verbose``;
-    return after the first line that starts with ``last``, when given."""
+    return True after the first line that starts with ``last``, when given (False: the lines
+    ended without it)."""
     out = out or sys.stdout
     for line in lines:
         if verbose or not is_noise(line):
             out.write(line)
             out.flush()
         if last and ANSI.sub("", line).startswith(last):
-            return
+            return True
+    return False

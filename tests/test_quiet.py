@@ -54,6 +54,8 @@ def test_following_stops_after_the_results_line_and_reads_no_further():
     assert closing[1].startswith(RESULTS)
     lines = iter(DRIFTFL[:2] + [line + "\n" for line in closing] + FLOWER)
     out = io.StringIO()
-    relay(lines, verbose=True, out=out, last=RESULTS)
+    assert relay(lines, verbose=True, out=out, last=RESULTS)
     assert out.getvalue() == "".join(DRIFTFL[:2]) + "\n".join(closing) + "\n"
     assert next(lines) == FLOWER[0]  # still unread
+    # a run that never got there (failed, or its stream broke): every line, and False
+    assert not relay(iter(FLOWER + DRIFTFL), verbose=True, out=io.StringIO(), last=RESULTS)
