@@ -9,6 +9,7 @@ federation is sized from the experiment, logs are streamed, and the SuperLink is
 from __future__ import annotations
 
 import contextlib
+import http.client
 import json
 import os
 import shlex
@@ -61,7 +62,7 @@ def _wait_healthy(port: int, process: subprocess.Popen, log: Path, timeout: floa
             with urllib.request.urlopen(url, timeout=2, context=context) as r:
                 if r.status == 200:
                     return
-        except OSError:
+        except (OSError, http.client.HTTPException):  # not up yet, or another's port
             pass
         time.sleep(0.3)
     raise RuntimeError(f"flower-superlink did not become ready in {timeout:.0f} s; see {log}")
@@ -191,6 +192,37 @@ def _exit_on_sigterm(signum, frame):
     raise SystemExit(128 + signum)  # unwinds through `finally`, which stops the SuperLink
 
 
+def _start_superlink(flwr_home: str, env: dict[str, str], log_path: Path,
+                     resume: bool) -> subprocess.Popen:
+    """The private simulation SuperLink, healthy, on a free port named in flwr_home's config.
+    A port found free can be taken before the SuperLink binds it (a parallel sweep job's Ray
+    starts dozens of servers): then it exits, and it starts again on another."""
+    for attempt in range(3):
+        port = free_port()
+        (Path(flwr_home) / "config.toml").write_text(
+            f'[superlink]\ndefault = "{CONNECTION}"\n\n[superlink.{CONNECTION}]\n'
+            f'address = "127.0.0.1:{port}"\ninsecure = true\n')
+        with open(log_path, "a" if resume or attempt else "w") as log:
+            superlink = subprocess.Popen(
+                [_tool("flower-superlink"), "--insecure", "--simulation",
+                 "--disable-runtime-dependency-installation", "--host", "127.0.0.1",
+                 "--port", str(port)],
+                env=env, cwd=APP_DIR, stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True)
+        try:
+            _wait_healthy(port, superlink, log_path)
+            return superlink
+        except RuntimeError:
+            exited = superlink.poll() is not None
+            stop(superlink)
+            if not exited or attempt == 2:
+                raise
+        except BaseException:  # Ctrl-C or SIGTERM while it starts
+            stop(superlink)
+            raise
+    raise AssertionError("unreachable")
+
+
 def launch_simulation(cfg: ExperimentConfig, overrides: list[str], run_dir: Path,
                       resume: bool = False) -> int:
     """Run the experiment (``resume``: go on with the stopped run in ``run_dir``); 0 when it
@@ -201,21 +233,10 @@ def launch_simulation(cfg: ExperimentConfig, overrides: list[str], run_dir: Path
     run_dir.mkdir(parents=True, exist_ok=True)
     log_path = run_dir / "superlink.log"
     with tempfile.TemporaryDirectory(prefix="driftfl-flower-") as flwr_home:
-        port = free_port()
-        (Path(flwr_home) / "config.toml").write_text(
-            f'[superlink]\ndefault = "{CONNECTION}"\n\n[superlink.{CONNECTION}]\n'
-            f'address = "127.0.0.1:{port}"\ninsecure = true\n')
         env = flwr_env(flwr_home, cfg.simulation.ray_address)
-        with open(log_path, "a" if resume else "w") as log:
-            superlink = subprocess.Popen(
-                [_tool("flower-superlink"), "--insecure", "--simulation",
-                 "--disable-runtime-dependency-installation", "--host", "127.0.0.1",
-                 "--port", str(port)],
-                env=env, cwd=APP_DIR, stdout=log, stderr=subprocess.STDOUT,
-                start_new_session=True)
-        finished = False
+        superlink, finished = None, False
         try:
-            _wait_healthy(port, superlink, log_path)
+            superlink = _start_superlink(flwr_home, env, log_path, resume)
             federation = (f"num_supernodes={cfg.num_clients} "
                           f"client_resources_num_cpus={cfg.simulation.client_cpus} "
                           f"client_resources_num_gpus={cfg.simulation.client_gpus}")
@@ -223,7 +244,8 @@ def launch_simulation(cfg: ExperimentConfig, overrides: list[str], run_dir: Path
                                                                           resume),
                                "--federation-config", federation, "--stream"], env, cfg.verbose)
         except (SystemExit, KeyboardInterrupt) as stopped:
-            stop(superlink)
+            if superlink:
+                stop(superlink)
             print(f"driftfl: stopped{resume_hint(run_dir, overrides, '; ')}", file=sys.stderr)
             # one line, no traceback: Ctrl-C exits 130 as a shell expects
             code = stopped.code if isinstance(stopped, SystemExit) else 128 + signal.SIGINT
@@ -231,7 +253,8 @@ def launch_simulation(cfg: ExperimentConfig, overrides: list[str], run_dir: Path
         finally:
             # a finished run has written every file: what Ray and Flower would tidy on a
             # SIGTERM (4-6 s of it) is of no use, so the rest is killed after a second
-            stop(superlink, grace=1 if finished else 15)
+            if superlink:
+                stop(superlink, grace=1 if finished else 15)
     summary = run_dir / "summary.json"
     if summary.is_file() and json.loads(summary.read_text()).get("status") == "completed":
         return 0
