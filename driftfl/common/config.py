@@ -89,6 +89,10 @@ class ExperimentConfig(Settings):
     # a client's update (and the aggregate) may move the model by at most this many times
     # the global model's norm (at least 1); a larger one is refused as corrupt or hostile
     max_update_ratio: float = Field(10.0, gt=0)
+    # a client's update, and every payload of its reply that feeds server state (SCAFFOLD's
+    # Delta c, Fisher terms, prototypes, ...), may be at most this many times the round's lower
+    # median of the same: one client in the bounds cannot outsize its peers
+    max_peer_ratio: float = Field(10.0, ge=1)
     node_wait: float = Field(600.0, gt=0, le=MONTH)
     # deployment: a round goes on while at least min_clients are connected, after waiting up to
     # rejoin_wait seconds (once per loss) for a lost client to come back

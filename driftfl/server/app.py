@@ -222,6 +222,7 @@ class RoundEvaluator:
                     "rejected": len(report.rejected) if report else 0,
                     "rejected_partitions": " ".join(report.rejected_partitions) if report else "",
                     "lost_partitions": " ".join(report.lost) if report else "",
+                    "refused_state": "; ".join(report.refused_state) if report else "",
                     "bytes_sent": sent, "bytes_received": received,
                     "per_class_accuracy": per_class})
         self.recorder.add_round(row)

@@ -66,6 +66,8 @@ def round_line(row: dict, rounds: int) -> str:
             text += f", {row['rejected']} rejected (partitions {row['rejected_partitions']})"
         if row.get("lost_partitions"):
             text += f", lost: partition(s) {row['lost_partitions']}"
+        if row.get("refused_state"):
+            text += f", state kept ({row['refused_state']})"
         if not row["model_updated"]:
             text += "  |  no usable reply: the global model stays"
     return text

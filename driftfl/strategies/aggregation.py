@@ -163,6 +163,9 @@ class Aggregation:
     aggregate (robust rules)."""
 
     Settings: ClassVar[type[Settings]] = NoSettings  # the ``aggregation`` section's settings
+    # robust rules apply themselves to a method's extra payloads too (``combine``); a method
+    # keeps its paper's own formula for those under a plain rule
+    robust: ClassVar[bool] = False
 
     @classmethod
     def from_config(cls, cfg: ExperimentConfig, model: nn.Module) -> Aggregation:
@@ -192,3 +195,18 @@ class Aggregation:
                   global_arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """The next global model from the accepted ``updates`` of the model ``global_arrays``."""
         return weighted_average(updates, self.weights(updates))
+
+    def combine(self, payloads: list[dict[str, np.ndarray]],
+                weights: np.ndarray) -> dict[str, np.ndarray]:
+        """One payload per reply of the last ``aggregate`` (same order: SCAFFOLD's Delta c_k,
+        prototypes, ...) made into one, float64: their ``weights``-weighted mean here; a robust
+        rule treats them as it treated the models."""
+        return weighted_mean(payloads, weights)
+
+
+def weighted_mean(payloads: list[dict[str, np.ndarray]],
+                  weights: np.ndarray) -> dict[str, np.ndarray]:
+    """sum_k weight_k * payload_k per key, float64 (weights normalised to sum to 1)."""
+    weights = np.asarray(weights, dtype=np.float64) / np.sum(weights)
+    return {key: sum(w * p[key].astype(np.float64) for w, p in zip(weights, payloads))
+            for key in payloads[0]}

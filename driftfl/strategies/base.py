@@ -44,6 +44,7 @@ from driftfl.common.training import TrainSettings
 
 from .aggregation import (Aggregation, ClientUpdate, check_reply, example_weights, mean_metrics,
                           norm_bound, read_metrics, to_numpy, to_record, update_norm)
+from . import guard
 from .parts import AGGREGATIONS, SELECTIONS
 from .selection import ExploredClients, Selection
 
@@ -69,6 +70,7 @@ class RoundReport:
     lost: list[str] = field(default_factory=list)  # sent a message, sent nothing back (client_name)
     lost_nodes: list[int] = field(default_factory=list)  # their node ids
     refused_aggregate: str = ""  # why the aggregate did not replace the global model
+    refused_state: list[str] = field(default_factory=list)  # "<state>: reason", state kept
     train_metrics: dict[str, float] = field(default_factory=dict)
     evaluate_metrics: dict[str, float] = field(default_factory=dict)
 
@@ -82,14 +84,15 @@ class DriftStrategy(FedAvg):
     def __init__(self, *, selection: Selection | None = None,
                  aggregation: Aggregation | None = None, objective: str = "ce",
                  round_timeout: float = 3600.0, max_update_ratio: float = 10.0,
-                 local_training: TrainSettings | None = None, **kwargs) -> None:
+                 max_peer_ratio: float = 10.0, local_training: TrainSettings | None = None,
+                 **kwargs) -> None:
         super().__init__(**kwargs)  # Flower's own settings (fraction_train, ...)
         self.assemble(selection, aggregation, objective, round_timeout, max_update_ratio,
-                      local_training)
+                      max_peer_ratio, local_training)
 
     def assemble(self, selection: Selection | None, aggregation: Aggregation | None,
                  objective: str, round_timeout: float, max_update_ratio: float,
-                 local_training: TrainSettings | None) -> None:
+                 max_peer_ratio: float, local_training: TrainSettings | None) -> None:
         """Take the parts, and start with no state."""
         self.selection = selection or Selection()
         self.aggregation = aggregation or Aggregation()
@@ -97,6 +100,9 @@ class DriftStrategy(FedAvg):
         self.round_timeout = round_timeout  # for exchanges a strategy runs in configure_train
         # a reply's (and the aggregate's) update may be this many times the model's norm
         self.max_update_ratio = max_update_ratio
+        # a reply's update, and each payload that feeds strategy state, may be this many times
+        # the round's lower median of the same (guard.py): one reply cannot outweigh its peers
+        self.max_peer_ratio = max_peer_ratio
         # how the clients train: a reply's local-steps must be what it makes of its examples
         # (FedNova and SCAFFOLD scale by it); None: not checked (unit tests' bare strategies)
         self.local_training = local_training
@@ -125,6 +131,7 @@ class DriftStrategy(FedAvg):
                        aggregation=AGGREGATIONS[cfg.aggregation.name].from_config(cfg, model),
                        objective=cfg.strategy.objective, round_timeout=cfg.round_timeout,
                        max_update_ratio=cfg.max_update_ratio,
+                       max_peer_ratio=cfg.max_peer_ratio,
                        local_training=TrainSettings.local_stage(cfg),
                        fraction_train=cfg.fraction, fraction_evaluate=cfg.fraction_evaluate,
                        min_train_nodes=1, min_evaluate_nodes=0,
@@ -260,16 +267,50 @@ class DriftStrategy(FedAvg):
             if not isinstance(checked, str):
                 checked = self.reject(checked) or checked
             if isinstance(checked, str):
-                node = msg.metadata.src_node_id
-                report.rejected.append(f"{self.describe(node)}: {checked}")
-                report.rejected_partitions.append(self.client_name(node))
-                log(WARNING, "round reply from %s rejected: %s", self.describe(node), checked)
+                self.record_rejection(report, msg.metadata.src_node_id, checked)
             else:
                 updates.append(checked)
-        report.clients = len(updates)
         self.report = report
+        updates = self.peer_screen(updates, "update", lambda u: guard.distance(
+            u.arrays, self.global_arrays))
+        updates = self.screen(updates)
+        report.clients = len(updates)
         self.last_updates = updates
         return updates
+
+    def record_rejection(self, report: RoundReport, node: int, reason: str) -> None:
+        report.rejected.append(f"{self.describe(node)}: {reason}")
+        report.rejected_partitions.append(self.client_name(node))
+        log(WARNING, "round reply from %s rejected: %s", self.describe(node), reason)
+
+    def peer_screen(self, updates: list[ClientUpdate], what: str,
+                    size: Callable[[ClientUpdate], float]) -> list[ClientUpdate]:
+        """The updates whose ``what`` (its norm, ``size``) is within ``max_peer_ratio`` x the
+        round's lower median of the same; the others are rejected like a failed check."""
+        sizes = [size(u) for u in updates]
+        outliers, bound = guard.peer_outliers(sizes, self.max_peer_ratio)
+        for i in outliers:
+            self.record_rejection(
+                self.report, updates[i].node_id,
+                f"its {what}'s norm {sizes[i]:.3g} is over max_peer_ratio={self.max_peer_ratio:g}"
+                f" x the round's median {bound / self.max_peer_ratio:.3g}")
+        return [u for i, u in enumerate(updates) if i not in outliers]
+
+    def screen(self, updates: list[ClientUpdate]) -> list[ClientUpdate]:
+        """A method's screens of its own payloads against the round's peers (``peer_screen``),
+        after the model update's; FedAvg sends none."""
+        return updates
+
+    def refuse_state(self, server_round: int, what: str, reason: str) -> None:
+        """Log and record that ``what`` (a piece of strategy state) keeps its old value."""
+        log(WARNING, "round %d: the update of %s refused: %s; it stays as it was", server_round,
+            what, reason)
+        self.report.refused_state.append(f"{what}: {reason}")
+
+    def state_problem(self, new: dict[str, np.ndarray],
+                      old: dict[str, np.ndarray] | None) -> str | None:
+        """Why a new strategy state must not replace ``old`` (guard.state_problem)."""
+        return guard.state_problem(new, old, self.max_update_ratio)
 
     def reject(self, update: ClientUpdate) -> str | None:
         """Why a reply that passed the common checks cannot be used (None: it can)."""
@@ -397,10 +438,11 @@ class FlowerFirst:
     def __init__(self, *, selection: Selection | None = None,
                  aggregation: Aggregation | None = None, objective: str = "ce",
                  round_timeout: float = 3600.0, max_update_ratio: float = 10.0,
-                 local_training: TrainSettings | None = None, **kwargs) -> None:
+                 max_peer_ratio: float = 10.0, local_training: TrainSettings | None = None,
+                 **kwargs) -> None:
         super().__init__(**kwargs)
         self.assemble(selection, aggregation, objective, round_timeout, max_update_ratio,
-                      local_training)
+                      max_peer_ratio, local_training)
 
 
 def wait_for_nodes(grid: Grid, minimum: int, timeout: float = math.inf,

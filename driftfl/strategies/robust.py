@@ -37,7 +37,8 @@ from driftfl.common.errors import ConfigError
 from driftfl.common.protocol import ARRAYS
 from driftfl.common.settings import MANY, Settings
 
-from .aggregation import Aggregation, ClientUpdate, example_weights, to_record, weighted_average
+from .aggregation import (Aggregation, ClientUpdate, example_weights, to_record, weighted_average,
+                          weighted_mean)
 
 
 def replies_per_round(cfg) -> int:
@@ -56,10 +57,20 @@ def coordinatewise(updates: list[ClientUpdate], rule: Callable) -> dict[str, np.
     return out
 
 
+def payload_coordinatewise(payloads: list[dict[str, np.ndarray]],
+                           rule: Callable) -> dict[str, np.ndarray]:
+    """One of Flower's coordinate-wise rules on one payload per reply, float64 (every reply
+    counts once, as for the models)."""
+    keys = list(payloads[0])
+    merged = rule([([p[key].astype(np.float64) for key in keys], 1) for p in payloads])
+    return {key: np.asarray(m, dtype=np.float64) for key, m in zip(keys, merged)}
+
+
 class RobustAggregation(Aggregation):
     """What the robust rules share: refusing a round with too few replies."""
 
     name = ""  # as aggregation= names it
+    robust = True
 
     @classmethod
     def from_config(cls, cfg, model) -> RobustAggregation:
@@ -97,6 +108,9 @@ class MedianAggregation(RobustAggregation):
     def aggregate(self, updates, global_arrays):
         return coordinatewise(updates, aggregate_median)
 
+    def combine(self, payloads, weights):
+        return payload_coordinatewise(payloads, aggregate_median)
+
 
 class TrimmedMeanSettings(Settings):
     beta: float = Field(0.2, ge=0, lt=0.5)  # share of the replies cut at each end, per coordinate
@@ -121,6 +135,10 @@ class TrimmedMeanAggregation(RobustAggregation):
     def aggregate(self, updates, global_arrays):
         return coordinatewise(updates, partial(aggregate_trimmed_avg, proportiontocut=self.beta))
 
+    def combine(self, payloads, weights):
+        return payload_coordinatewise(
+            payloads, partial(aggregate_trimmed_avg, proportiontocut=self.beta))
+
 
 class KrumSettings(Settings):
     # f: bad replies tolerated; needs n > 2f + 2 replies
@@ -138,6 +156,7 @@ class KrumAggregation(RobustAggregation):
     def __init__(self, *, num_malicious: int = 0, num_selected: int = 1) -> None:
         self.num_malicious = num_malicious
         self.num_selected = num_selected
+        self.kept: list[int] = []  # positions of the replies the last aggregate kept
 
     def planned(self, n):
         if self.num_selected > n - self.num_malicious and not self.too_few(n):
@@ -167,5 +186,11 @@ class KrumAggregation(RobustAggregation):
         return sorted(position[id(content)] for content in chosen)
 
     def aggregate(self, updates, global_arrays):
-        kept = [updates[i] for i in self.selected(updates, global_arrays)]
+        self.kept = self.selected(updates, global_arrays)
+        kept = [updates[i] for i in self.kept]
         return weighted_average(kept, example_weights(kept))
+
+    def combine(self, payloads, weights):
+        """The payloads of the replies Krum kept for the model, by their weights."""
+        return weighted_mean([payloads[i] for i in self.kept],
+                             np.asarray(weights, dtype=np.float64)[self.kept])

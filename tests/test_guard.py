@@ -1,0 +1,86 @@
+"""One reply inside the bounds cannot outsize its peers, and a strategy's state is replaced only
+by a finite state that moved within the bound (driftfl/strategies/guard.py)."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+
+from driftfl.strategies import FedAvg
+from driftfl.strategies.aggregation import Aggregation
+from driftfl.strategies.guard import lower_median, norm, peer_outliers, state_problem
+from driftfl.strategies.robust import (KrumAggregation, MedianAggregation,
+                                       TrimmedMeanAggregation)
+from test_reply_checks import train_reply
+
+GLOBAL = {"w": np.array([1.0, 1.0], np.float32)}
+
+
+def test_the_lower_median_is_the_smaller_middle_value():
+    assert lower_median([3.0]) == 3.0
+    assert lower_median([5.0, 1.0]) == 1.0  # two replies: the smaller one sets the bound
+    assert lower_median([4.0, 1.0, 9.0]) == 4.0
+    assert lower_median([4.0, 1.0, 9.0, 2.0]) == 2.0
+
+
+def test_a_norm_over_ratio_times_the_lower_median_is_an_outlier():
+    assert peer_outliers([1.0, 2.0, 20.0, 20.01], 10.0) == ([3], 20.0)
+    assert peer_outliers([float("nan"), 1.0], 10.0) == ([0], 10.0)
+    assert peer_outliers([], 10.0)[0] == []
+
+
+def test_a_state_is_refused_when_it_goes_non_finite_or_moves_over_the_bound():
+    old = {"c": np.array([3.0, 4.0])}  # norm 5: may move by 10 * 5 = 50
+    assert state_problem({"c": np.array([3.0, 53.0])}, old, 10.0) is None
+    assert "over the bound 50" in state_problem({"c": np.array([3.0, 54.1])}, old, 10.0)
+    assert "NaN" in state_problem({"c": np.array([np.nan, 4.0])}, old, 10.0)
+    # no state yet: it may move from zero by 10 x max(1, 0)
+    assert state_problem({"c": np.array([6.0, 8.0])}, None, 10.0) is None
+    assert state_problem({"c": np.array([6.0, 8.1])}, None, 10.0) is not None
+    assert norm({"c": np.array([3.0, 4.0]), "n": np.array([7])}) == 5.0  # floats only
+
+
+def test_a_reply_ten_times_the_median_update_is_rejected_and_never_aggregated(caplog):
+    strategy = FedAvg(max_peer_ratio=10.0)
+    strategy.global_arrays = GLOBAL
+    strategy.trained = [1, 2, 3]
+    replies = [train_reply(1, [1.1, 1.0], 5), train_reply(2, [1.0, 1.2], 5),
+               train_reply(3, [1.0, 1.0 + 2.01], 5)]  # 0.1, 0.2 and 2.01: over 10 x 0.2
+    with caplog.at_level(logging.WARNING, logger="flwr"):
+        arrays, _ = strategy.aggregate_train(1, replies)
+    assert strategy.report.clients == 2 and strategy.report.rejected_partitions == ["node3"]
+    assert "over max_peer_ratio=10 x the round's median 0.2" in strategy.report.rejected[0]
+    np.testing.assert_allclose(arrays["w"].numpy(), [1.05, 1.1], rtol=1e-6)
+    assert "round reply from node 3 rejected" in caplog.text
+
+
+def test_refused_state_is_logged_and_recorded(caplog):
+    strategy = FedAvg()
+    with caplog.at_level(logging.WARNING, logger="flwr"):
+        strategy.refuse_state(3, "SCAFFOLD's c", "it would move by 9, over the bound 1")
+    assert strategy.report.refused_state == ["SCAFFOLD's c: it would move by 9, over the "
+                                             "bound 1"]
+    assert "round 3: the update of SCAFFOLD's c refused" in caplog.text
+
+
+PAYLOADS = [{"p": np.array([1.0, 0.0])}, {"p": np.array([2.0, 10.0])},
+            {"p": np.array([3.0, 1.0])}, {"p": np.array([100.0, 2.0])},
+            {"p": np.array([4.0, 3.0])}]
+
+
+@pytest.mark.parametrize("rule, expected", [
+    (Aggregation(), [22.0, 3.2]),  # the plain weighted mean, by the weights given
+    (MedianAggregation(), [3.0, 2.0]),
+    (TrimmedMeanAggregation(beta=0.2), [3.0, 2.0]),  # 1 cut at each end of 5
+])
+def test_robust_rules_combine_a_methods_payloads_as_they_treat_models(rule, expected):
+    np.testing.assert_allclose(rule.combine(PAYLOADS, np.ones(5))["p"], expected)
+
+
+def test_krum_combines_the_payloads_of_the_replies_it_kept_for_the_model():
+    rule = KrumAggregation(num_malicious=1, num_selected=2)
+    rule.kept = [0, 2]
+    np.testing.assert_allclose(rule.combine(PAYLOADS, np.array([1.0, 1, 3, 1, 1]))["p"],
+                               [2.5, 0.75])
