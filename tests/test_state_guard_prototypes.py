@@ -270,3 +270,67 @@ def test_fedproto_with_an_attacker_ends_within_a_few_points_of_the_honest_run(
     assert honest > 0.7
     assert attacked > honest - 0.05  # measured: 78.1 % honest, 75.4 % attacked (its data lost)
     assert unguarded < honest - 0.15  # 52.7 %: the honest updates are refused from round 2 on
+
+
+# --- FedCSD's prototype phase -------------------------------------------------------------------
+
+def csd_strategy(*overrides):
+    cfg = check_experiment(compose(["strategy=fedcsd", "num_clients=4", *overrides]))
+    torch.manual_seed(0)
+    model = build_model({"name": "mlp", "hidden": [4]}, (1, 2, 2), 3)
+    return surveyed(build_strategy(cfg, model)), {
+        k: v.detach().numpy().copy() for k, v in model.state_dict().items()}
+
+
+def csd_phase(strategy, server_round, weights, hostile):
+    """configure_train's prototype phase: the nodes answer with logit prototypes (C = 3)."""
+    def answer(message):
+        node = message.metadata.dst_node_id
+        rows, counts = hostile.get(node, (honest_rows(node, server_round)[:, :3],
+                                          HISTOGRAMS[node]))
+        return Message(metadata=metadata(node, "query.csd_prototypes"),
+                       content=RecordDict({PROTOTYPES: prototypes(rows, counts)}))
+    return list(strategy.configure_train(
+        server_round, ArrayRecord({k: Array(v) for k, v in weights.items()}), ConfigRecord(),
+        Grid(HISTOGRAMS, answer)))
+
+
+def honest_csd(server_round, nodes=(1, 2, 3)):
+    from driftfl.strategies.fedcsd import global_prototypes
+
+    return global_prototypes([(honest_rows(n, server_round)[:, :3].astype(np.float32),
+                               np.array(HISTOGRAMS[n])) for n in nodes], 3)
+
+
+@pytest.mark.parametrize("attack, reason", [
+    ((ghost[:, :3], [5, 5, 0]), "prototypes of classes [2], which the node does not hold"),
+    ((ghost[:, :3], [3, 5, 2]), "counts [2] of classes [2] exceed the data survey's [0]"),
+    ((outsized_row[:, :3], HISTOGRAMS[4]), "its class-1 prototype's norm 2.42e+03 is over "
+                                           "max_peer_ratio=10 x the round's median 2.08"),
+])
+def test_fedcsd_leaves_a_hostile_prototype_reply_out_of_p_g_and_training(attack, reason,
+                                                                          server_task, caplog):
+    strategy, weights = csd_strategy()
+    with caplog.at_level("WARNING", logger="flwr"):
+        messages = csd_phase(strategy, 1, weights, {4: attack})
+    assert [m.metadata.dst_node_id for m in messages] == [1, 2, 3]
+    assert f"prototype reply from partition 3 (node 4) rejected: {reason}" in caplog.text
+    p_g = messages[0].content[PROTOTYPES]["prototypes"].numpy()
+    assert np.array_equal(p_g, honest_csd(1)) and np.array_equal(strategy.prototypes, p_g)
+
+
+def test_fedcsd_keeps_p_g_over_the_bound_and_reports_it_in_the_rounds_row(server_task):
+    strategy, weights = csd_strategy("max_update_ratio=3")
+    small = {n: (0.1 * honest_rows(n)[:, :3], HISTOGRAMS[n]) for n in HISTOGRAMS}
+    csd_phase(strategy, 1, weights, small)
+    before = strategy.prototypes.copy()
+    # each row moves by 1.4 x sqrt(3) = 2.4 (under 3 x max(1, ~0.2)); the three classes by 4.2
+    shifted = {n: (rows + 1.4 * (rows != 0), counts) for n, (rows, counts) in small.items()}
+    messages = csd_phase(strategy, 2, weights, shifted)
+    assert len(messages) == 4  # every reply passed; the combined P_G did not
+    assert np.array_equal(messages[0].content[PROTOTYPES]["prototypes"].numpy(), before)
+    assert np.array_equal(strategy.prototypes, before)
+    steps = strategy.local_training.steps(10)
+    strategy.aggregate_train(2, [train_reply(n, weights, steps=steps) for n in HISTOGRAMS])
+    assert strategy.report.rejected == [] and strategy.report.clients == 4
+    assert strategy.report.refused_state[0].startswith("FedCSD's prototypes: it would move")

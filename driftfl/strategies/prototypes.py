@@ -37,8 +37,8 @@ def survey_problem(prototypes: np.ndarray, counts: np.ndarray,
         return None
     over = np.flatnonzero(counts > histogram)
     if len(over):
-        return (f"counts {counts[over].astype(np.int64).tolist()} of classes {over.tolist()} exceed the data "
-                f"survey's {histogram[over].tolist()}")
+        return (f"counts {counts[over].astype(np.int64).tolist()} of classes {over.tolist()} "
+                f"exceed the data survey's {histogram[over].tolist()}")
     ghost = np.flatnonzero((histogram == 0) & np.abs(prototypes).any(axis=1))
     if len(ghost):
         return f"prototypes of classes {ghost.tolist()}, which the node does not hold"
