@@ -65,8 +65,8 @@ def outliers(replies: Replies, global_prototypes: np.ndarray | None, present: np
                                       f"{median:.3g}")
             elif global_prototypes is not None and present[c]:
                 old = global_prototypes[c].astype(np.float64)
-                moved, bound = guard.distance({"p": replies[k][0][c]}, {"p": old}), \
-                    update_ratio * max(1.0, guard.norm(old))
+                moved = float(np.linalg.norm(replies[k][0][c] - old))
+                bound = update_ratio * max(1.0, float(np.linalg.norm(old)))
                 if not moved <= bound:
                     reasons.setdefault(k, f"its class-{c} prototype is {moved:.3g} from the "
                                           f"global one, over the bound {bound:.3g} "
