@@ -276,3 +276,186 @@ def test_fedproto_with_an_attacker_ends_within_a_few_points_of_the_honest_run(
     assert unguarded < honest - 0.15  # 52.7 %: the honest updates are refused from round 2 on
     # what the bounds leave: 57.9 % measured, FedProto's count-weighted mean follows it
     assert 0.45 < negated < honest
+
+
+# --- FedCSD's prototype phase -------------------------------------------------------------------
+
+def csd_strategy(*overrides):
+    cfg = check_experiment(compose(["strategy=fedcsd", "num_clients=4", *overrides]))
+    torch.manual_seed(0)
+    model = build_model({"name": "mlp", "hidden": [4]}, (1, 2, 2), 3)
+    return surveyed(build_strategy(cfg, model)), {
+        k: v.detach().numpy().copy() for k, v in model.state_dict().items()}
+
+
+def csd_phase(strategy, server_round, weights, hostile):
+    """configure_train's prototype phase: the nodes answer with logit prototypes (C = 3)."""
+    def answer(message):
+        node = message.metadata.dst_node_id
+        rows, counts = hostile.get(node, (honest_rows(node, server_round)[:, :3],
+                                          HISTOGRAMS[node]))
+        return Message(metadata=metadata(node, "query.csd_prototypes"),
+                       content=RecordDict({PROTOTYPES: prototypes(rows, counts)}))
+    return list(strategy.configure_train(
+        server_round, ArrayRecord({k: Array(v) for k, v in weights.items()}), ConfigRecord(),
+        Grid(HISTOGRAMS, answer)))
+
+
+def honest_csd(server_round, nodes=(1, 2, 3)):
+    from driftfl.strategies.fedcsd import global_prototypes
+
+    return global_prototypes([(honest_rows(n, server_round)[:, :3].astype(np.float32),
+                               np.array(HISTOGRAMS[n])) for n in nodes], 3)
+
+
+@pytest.mark.parametrize("attack, reason", [
+    ((ghost[:, :3], [5, 5, 0]), "prototypes of classes [2], which the node does not hold"),
+    ((ghost[:, :3], [3, 5, 2]), "counts [2] of classes [2] exceed the data survey's [0]"),
+    ((outsized_row[:, :3], HISTOGRAMS[4]), "its class-1 prototype's norm 2.42e+03 is over "
+                                           "max_peer_ratio=10 x the round's median 2.08"),
+])
+def test_fedcsd_leaves_a_hostile_prototype_reply_out_of_p_g_and_training(attack, reason,
+                                                                          server_task, caplog):
+    strategy, weights = csd_strategy()
+    with caplog.at_level("WARNING", logger="flwr"):
+        messages = csd_phase(strategy, 1, weights, {4: attack})
+    assert [m.metadata.dst_node_id for m in messages] == [1, 2, 3]
+    assert f"prototype reply from partition 3 (node 4) rejected: {reason}" in caplog.text
+    p_g = messages[0].content[PROTOTYPES]["prototypes"].numpy()
+    assert np.array_equal(p_g, honest_csd(1)) and np.array_equal(strategy.prototypes, p_g)
+
+
+def test_fedcsd_keeps_p_g_over_the_bound_and_reports_it_in_the_rounds_row(server_task):
+    strategy, weights = csd_strategy("max_update_ratio=3")
+    small = {n: (0.1 * honest_rows(n)[:, :3], HISTOGRAMS[n]) for n in HISTOGRAMS}
+    csd_phase(strategy, 1, weights, small)
+    before = strategy.prototypes.copy()
+    # each row moves by 1.4 x sqrt(3) = 2.4 (under 3 x max(1, ~0.2)); the three classes by 4.2
+    shifted = {n: (rows + 1.4 * (rows != 0), counts) for n, (rows, counts) in small.items()}
+    messages = csd_phase(strategy, 2, weights, shifted)
+    assert len(messages) == 4  # every reply passed; the combined P_G did not
+    assert np.array_equal(messages[0].content[PROTOTYPES]["prototypes"].numpy(), before)
+    assert np.array_equal(strategy.prototypes, before)
+    steps = strategy.local_training.steps(10)
+    strategy.aggregate_train(2, [train_reply(n, weights, steps=steps) for n in HISTOGRAMS])
+    assert strategy.report.rejected == [] and strategy.report.clients == 4
+    assert strategy.report.refused_state[0].startswith("FedCSD's prototypes: it would move")
+
+
+# --- DCFL: condensed sets and the pre-trained model ---------------------------------------------
+
+# ten classes; node 4, the attacker, holds classes 0 and 1
+DCFL_HISTOGRAMS = {1: [5, 5, 0, 0, 0, 0, 0, 0, 0, 0], 2: [0, 0, 5, 5, 0, 0, 0, 0, 0, 0],
+                   3: [0, 0, 0, 0, 5, 5, 0, 0, 0, 0], 4: [5, 5, 0, 0, 0, 0, 0, 0, 0, 0]}
+
+
+def dcfl_strategy(*overrides):
+    cfg = check_experiment(compose([
+        "strategy=dcfl", "model=mlp", "model.hidden=[16]", "num_clients=4", "strategy.ipc=2",
+        "strategy.pretrain_fraction=1", "strategy.pretrain_requests=1",
+        "strategy.pretrain_epochs=2", "strategy.dsa=false", *overrides]))
+    torch.manual_seed(0)
+    model = build_model(cfg.model, (1, 28, 28), 10)
+    strategy = build_strategy(cfg, model)
+    strategy.meet([{"node_id": n, "partition_id": n - 1, "num_examples": 10,
+                    "label_histogram": h} for n, h in DCFL_HISTOGRAMS.items()])
+    strategy.image_shape = (1, 28, 28)
+    return strategy, {k: v.detach().numpy().copy() for k, v in model.state_dict().items()}
+
+
+def honest_set(node):
+    """ipc = 2 images of N(0, 1) pixels (normalised images' scale) per class the node holds."""
+    labels = np.repeat(np.flatnonzero(DCFL_HISTOGRAMS[node]), 2)
+    rng = np.random.default_rng(node)
+    return rng.standard_normal((len(labels), 1, 28, 28)).astype(np.float32), labels
+
+
+def condensed(images, labels, node=0) -> dict:
+    weight = 0.1 * np.random.default_rng(node).standard_normal((10, 16)).astype(np.float32)
+    return {CONDENSED: ArrayRecord({"images": Array(np.asarray(images, np.float32)),
+                                    "labels": Array(np.asarray(labels, np.int64))}),
+            CLASSIFIER: ArrayRecord({"weight": Array(weight)})}
+
+
+def dcfl_state(strategy):
+    return (list(strategy.explored), [c.copy() for c in strategy.classifiers],
+            strategy.matrix.copy(), {n: (i.copy(), l.copy()) for n, (i, l) in
+                                     strategy.store.items()})
+
+
+def same_state(a, b):
+    return (a[0] == b[0] and all(np.array_equal(x, y) for x, y in zip(a[1], b[1]))
+            and np.array_equal(a[2], b[2]) and a[3].keys() == b[3].keys()
+            and all(np.array_equal(a[3][n][0], b[3][n][0]) for n in a[3]))
+
+
+def pretrain(strategy, weights, attack):
+    """The pre-training request, node 4 answering ``attack`` (None: an error reply)."""
+    def answer(message):
+        node = message.metadata.dst_node_id
+        if node == 4 and attack is None:
+            return Message(metadata=metadata(node), error=Error(code=0, reason="gone"))
+        records = condensed(*(attack if node == 4 else honest_set(node)), node)
+        return Message(metadata=metadata(node, "query.dcfl_condense"), content=RecordDict(
+            {**records, METRICS: MetricRecord({NUM_EXAMPLES: 10})}))
+    return strategy.pretrain(ArrayRecord({k: Array(v) for k, v in weights.items()}),
+                             ConfigRecord(), Grid(DCFL_HISTOGRAMS, answer))
+
+
+big = np.full((100, 1, 28, 28), 1e4, np.float32)
+big[::2] *= -1
+
+
+@pytest.mark.parametrize("attack, reason", [
+    ((big, np.zeros(100, np.int64)), "condensed set holds 100 images of class 0, more than "
+                                      "ipc = 2"),  # the probe's set
+    ((big[:4], np.array([0, 0, 1, 1])), "its condensed set's largest image norm 2.8e+05 is "
+                                        "over max_peer_ratio=10 x the median 29.1"),
+    ((honest_set(1)[0], np.array([0, 0, 7, 7])), "condensed images of classes [7], which the "
+                                                 "node does not hold"),
+])
+def test_dcfl_pretraining_stores_no_hostile_set_and_trains_on_the_honest_ones(
+        attack, reason, server_task, caplog):
+    honest, weights = dcfl_strategy()
+    expected = to_numpy(pretrain(honest, weights, None))
+    strategy, _ = dcfl_strategy()
+    with caplog.at_level("WARNING", logger="flwr"):
+        trained = to_numpy(pretrain(strategy, weights, attack))
+    assert f"DCFL pre-training reply from partition 3 (node 4) rejected: {reason}" in caplog.text
+    assert strategy.explored == [1, 2, 3] and same_state(dcfl_state(strategy),
+                                                         dcfl_state(honest))
+    assert all(np.array_equal(trained[k], expected[k]) for k in expected)  # w^1 byte for byte
+
+
+def test_dcfl_screens_a_rounds_new_set_against_the_stored_ones(server_task):
+    strategy, weights = dcfl_strategy()
+    for node in (1, 2):  # explored before this round
+        strategy.explore(node, 0.1 * np.ones((10, 16)), *honest_set(node), None)
+    before = dcfl_state(strategy)
+    strategy.global_arrays = weights
+    strategy.asked, strategy.trained = {3, 4}, [3, 4]
+    steps = strategy.local_training.steps(10)
+    replies = [train_reply(3, weights, steps=steps, **condensed(*honest_set(3))),
+               train_reply(4, weights, steps=steps, **condensed(big[:4], [0, 0, 1, 1]))]
+    updates = strategy.accept(replies)
+    assert [u.node_id for u in updates] == [3] and strategy.report.rejected_partitions == ["3"]
+    assert "largest image norm 2.8e+05" in strategy.report.rejected[0]
+    assert strategy.explored == [1, 2, 3] and set(strategy.store) == {1, 2, 3}
+    assert np.array_equal(strategy.matrix[:2, :2], before[2]) and strategy.matrix.shape == (3, 3)
+
+
+def test_a_diverging_pretraining_keeps_w0_and_round_1_blames_no_partition(fmnist_available,
+                                                                          server_task):
+    """The real clients' condensed sets, the server's pre-training at lr 1e6: w^1 moves far
+    over max_update_ratio x ||w^0||, so w^0 stays; round 1's honest replies are all used."""
+    from test_dcfl import TINY, run_rounds
+
+    from driftfl.server.experiment import prepare_experiment
+
+    strategy, arrays, _ = run_rounds(["strategy=dcfl", *TINY, "strategy.pretrain_lr=1e6"], 1)
+    assert strategy.report.refused_state[0].startswith("DCFL's pre-trained model: ")
+    assert strategy.report.rejected == [] and strategy.report.clients == 2
+    assert strategy.explored and strategy.pretrained is None  # sets kept, w^1 not
+    w0 = model_to_arrays(prepare_experiment(compose(["strategy=dcfl", *TINY])).initial_model())
+    moved = sum(float(np.sum((arrays[k] - v.numpy()) ** 2)) for k, v in w0.items()) ** 0.5
+    assert np.isfinite(moved) and moved < 10  # one honest round from w^0
