@@ -86,12 +86,17 @@ def proto_strategy(*overrides):
     return strategy, weights
 
 
+def moved(weights, by):
+    return {k: v + by if v.dtype.kind == "f" else v for k, v in weights.items()}
+
+
 def proto_round(strategy, server_round, weights, hostile):
-    """A round of honest nodes, those in ``hostile`` sending its (rows, counts) instead."""
-    moved = {k: v + 0.01 * server_round if v.dtype.kind == "f" else v
-             for k, v in weights.items()}
-    replies = [train_reply(n, moved, **{FEATURE_PROTOTYPES: prototypes(*hostile.get(
-        n, (honest_rows(n, server_round), HISTOGRAMS[n])))}) for n in HISTOGRAMS]
+    """A round of honest nodes (models moved by 0.01), those in ``hostile`` sending its (rows,
+    counts) and a model moved by 0.05 instead."""
+    replies = [train_reply(n, moved(weights, 0.05 if n in hostile else 0.01),
+                           **{FEATURE_PROTOTYPES: prototypes(*hostile.get(
+                               n, (honest_rows(n, server_round), HISTOGRAMS[n])))})
+               for n in HISTOGRAMS]
     if server_round > 1:
         strategy.configure_train(server_round, ArrayRecord({k: Array(v) for k, v in
                                                             weights.items()}),
@@ -124,7 +129,9 @@ def test_fedproto_rejects_prototypes_off_the_survey_or_outsizing_peers(attack, r
     assert strategy.report.rejected_partitions == ["3"] and reason in strategy.report.rejected[0]
     p_g, present = honest_p_g(1)
     assert np.array_equal(strategy.prototypes, p_g) and present.all()
-    assert arrays is not None and strategy.report.clients == 3  # the model: the honest mean
+    assert strategy.report.clients == 3  # the model: the honest nodes' alone
+    assert all(np.allclose(arrays[k].numpy(), v, rtol=1e-6, atol=0)
+               for k, v in moved(weights, 0.01).items())
 
 
 def test_fedproto_bounds_a_lone_holder_by_the_pooled_median_and_then_by_p_g(server_task):
@@ -179,29 +186,19 @@ def test_fedproto_under_a_robust_rule_combines_each_class_over_its_holders(rule,
     median and Krum (which keeps the model replies closest to the rest) do not."""
     overrides = ["aggregation=krum", "aggregation.num_malicious=0"] if rule == "krum" else [
         f"aggregation={rule}"]
-    strategy, weights = proto_strategy(*overrides, "num_clients=4")
+    strategy, weights = proto_strategy(*overrides)
     rows = honest_rows(4)
     rows[0] *= 5
-    moved = {k: v + 0.01 for k, v in weights.items()}
-    far = {k: v + 0.05 for k, v in weights.items()}  # the attacker's model: Krum drops it
-    replies = [train_reply(n, moved, **{FEATURE_PROTOTYPES: prototypes(honest_rows(n),
-                                                                       HISTOGRAMS[n])})
-               for n in (1, 2, 3)]
-    replies.append(train_reply(4, far, **{FEATURE_PROTOTYPES: prototypes(rows,
-                                                                         HISTOGRAMS[4])}))
-    strategy.aggregate_train(1, replies)
+    proto_round(strategy, 1, weights, {4: (rows, HISTOGRAMS[4])})  # its model: Krum drops it
     assert strategy.report.clients == 4
-    by_class = {c: [honest_rows(n)[c] for n in (1, 2, 3) if HISTOGRAMS[n][c]] for c in range(3)}
     if rule == "median":  # class 0: nodes 1, 2 and the attacker: the middle one, node 2's
-        assert np.allclose(strategy.prototypes[0], by_class[0][1])
-    else:  # Krum kept node 1 (the first of the closest): its rows, the classes it holds
-        assert np.allclose(strategy.prototypes[0], by_class[0][0])
-    if rule == "median":
+        assert np.allclose(strategy.prototypes[0], honest_rows(2)[0])
         assert np.allclose(strategy.prototypes[2], honest_rows(3)[2])  # node 3's alone
-    else:  # the one reply Krum kept does not hold class 2
+    else:  # Krum kept node 1 (the first of the closest): its rows; it lacks class 2
+        assert np.allclose(strategy.prototypes[0], honest_rows(1)[0])
         assert not strategy.present[2]
     default, _ = proto_strategy()
-    default.aggregate_train(1, replies)
+    proto_round(default, 1, weights, {4: (rows, HISTOGRAMS[4])})
     assert default.prototypes[0, 0] > 1.5 * strategy.prototypes[0, 0]  # the mean follows it
 
 
@@ -377,16 +374,12 @@ def condensed(images, labels, node=0) -> dict:
             CLASSIFIER: ArrayRecord({"weight": Array(weight)})}
 
 
-def dcfl_state(strategy):
-    return (list(strategy.explored), [c.copy() for c in strategy.classifiers],
-            strategy.matrix.copy(), {n: (i.copy(), l.copy()) for n, (i, l) in
-                                     strategy.store.items()})
-
-
-def same_state(a, b):
-    return (a[0] == b[0] and all(np.array_equal(x, y) for x, y in zip(a[1], b[1]))
-            and np.array_equal(a[2], b[2]) and a[3].keys() == b[3].keys()
-            and all(np.array_equal(a[3][n][0], b[3][n][0]) for n in a[3]))
+def same_dcfl_state(a, b) -> bool:
+    """Explored clients, classifiers, CKA matrix and condensed store alike, array for array."""
+    return (a.explored == b.explored and np.array_equal(a.matrix, b.matrix)
+            and all(np.array_equal(x, y) for x, y in zip(a.classifiers, b.classifiers))
+            and a.store.keys() == b.store.keys()
+            and all(np.array_equal(a.store[n][k], b.store[n][k]) for n in a.store for k in (0, 1)))
 
 
 def pretrain(strategy, weights, attack):
@@ -422,8 +415,7 @@ def test_dcfl_pretraining_stores_no_hostile_set_and_trains_on_the_honest_ones(
     with caplog.at_level("WARNING", logger="flwr"):
         trained = to_numpy(pretrain(strategy, weights, attack))
     assert f"DCFL pre-training reply from partition 3 (node 4) rejected: {reason}" in caplog.text
-    assert strategy.explored == [1, 2, 3] and same_state(dcfl_state(strategy),
-                                                         dcfl_state(honest))
+    assert strategy.explored == [1, 2, 3] and same_dcfl_state(strategy, honest)
     assert all(np.array_equal(trained[k], expected[k]) for k in expected)  # w^1 byte for byte
 
 
@@ -431,7 +423,7 @@ def test_dcfl_screens_a_rounds_new_set_against_the_stored_ones(server_task):
     strategy, weights = dcfl_strategy()
     for node in (1, 2):  # explored before this round
         strategy.explore(node, 0.1 * np.ones((10, 16)), *honest_set(node), None)
-    before = dcfl_state(strategy)
+    before = strategy.matrix.copy()
     strategy.global_arrays = weights
     strategy.asked, strategy.trained = {3, 4}, [3, 4]
     steps = strategy.local_training.steps(10)
@@ -441,7 +433,7 @@ def test_dcfl_screens_a_rounds_new_set_against_the_stored_ones(server_task):
     assert [u.node_id for u in updates] == [3] and strategy.report.rejected_partitions == ["3"]
     assert "largest image norm 2.8e+05" in strategy.report.rejected[0]
     assert strategy.explored == [1, 2, 3] and set(strategy.store) == {1, 2, 3}
-    assert np.array_equal(strategy.matrix[:2, :2], before[2]) and strategy.matrix.shape == (3, 3)
+    assert np.array_equal(strategy.matrix[:2, :2], before) and strategy.matrix.shape == (3, 3)
 
 
 def test_a_diverging_pretraining_keeps_w0_and_round_1_blames_no_partition(fmnist_available,
