@@ -187,7 +187,7 @@ def condensed_reply(images, labels) -> Message:
     (np.zeros((30, 1, 28, 28), np.float32), np.zeros(30, np.int64), "more than ipc"),
 ])
 def test_a_bad_condensed_set_is_refused_with_its_reason(images, labels, reason, server_task):
-    checked = check_condensed(condensed_reply(images, labels), (1, 28, 28), 10, most=20)
+    checked = check_condensed(condensed_reply(images, labels), (1, 28, 28), 10, ipc=20)
     assert isinstance(checked, str) and reason in checked
     good = check_condensed(condensed_reply(np.zeros((3, 1, 28, 28), np.float32),
                                            np.array([0, 1, 2], np.int64)), (1, 28, 28), 10, 20)

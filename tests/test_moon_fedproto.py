@@ -273,19 +273,21 @@ class Grid:
         return list(self.nodes)
 
 
-def proto_strategy(nodes):
+def proto_strategy(nodes, histograms=None):
+    """``histograms``: each node's surveyed label histogram (the counts a reply may send)."""
     cfg = check_experiment(compose(["strategy=fedproto", f"num_clients={len(nodes)}"]))
     torch.manual_seed(0)
     model = build_model({"name": "mlp", "hidden": [4]}, (1, 2, 2), 3)
     strategy = build_strategy(cfg, model)
+    histograms = histograms or [[4, 3, 3]] * len(nodes)
     strategy.meet([{"node_id": n, "partition_id": i, "num_examples": 10,
-                    "label_histogram": [4, 3, 3]} for i, n in enumerate(nodes)])
+                    "label_histogram": h} for i, (n, h) in enumerate(zip(nodes, histograms))])
     return strategy, {k: v.detach().numpy().copy() for k, v in model.state_dict().items()}
 
 
 def test_fedproto_sends_prototypes_from_round_2_and_refuses_bad_replies(server_task):
     nodes = [1, 2, 3, 4]
-    strategy, weights = proto_strategy(nodes)
+    strategy, weights = proto_strategy(nodes, [[6, 0, 4]] * 4)
     assert (strategy.num_classes, strategy.feature_dim) == (3, 4)
     arrays = ArrayRecord({k: Array(v) for k, v in weights.items()})
     grid = Grid(nodes)
@@ -295,6 +297,7 @@ def test_fedproto_sends_prototypes_from_round_2_and_refuses_bad_replies(server_t
 
     new = {k: v + 0.1 if v.dtype.kind == "f" else v for k, v in weights.items()}
     good = np.arange(12, dtype=np.float32).reshape(3, 4)
+    good[1] = 0  # class 1: held by none of them
     nan = good.copy()
     nan[0, 0] = np.nan
     replies = [proto_reply(1, new, good, np.array([6, 0, 4])),
@@ -321,18 +324,19 @@ def test_fedproto_sends_prototypes_from_round_2_and_refuses_bad_replies(server_t
 
 
 def test_fedproto_p_g_is_replaced_every_round(server_task):
-    strategy, weights = proto_strategy([1, 2])
+    strategy, weights = proto_strategy([1, 2], [[5, 5, 0], [0, 5, 5]])
     arrays = ArrayRecord({k: Array(v) for k, v in weights.items()})
     strategy.configure_train(1, arrays, ConfigRecord(), Grid([1, 2]))
     ones = np.ones((3, 4), np.float32)
-    strategy.aggregate_train(1, [proto_reply(1, weights, ones, [5, 5, 0]),
-                                 proto_reply(2, weights, 3 * ones, [0, 5, 5])])
+    first, second = ones * [[1], [1], [0]], ones * [[0], [1], [1]]  # the classes each holds
+    strategy.aggregate_train(1, [proto_reply(1, weights, first, [5, 5, 0]),
+                                 proto_reply(2, weights, 3 * second, [0, 5, 5])])
     assert strategy.prototypes[:, 0].tolist() == [1, 2, 3] and strategy.present.all()
     strategy.configure_train(2, arrays, ConfigRecord(), Grid([1, 2]))
-    strategy.aggregate_train(2, [proto_reply(1, weights, 2 * ones, [5, 0, 0]),
-                                 proto_reply(2, weights, 4 * ones, [5, 0, 0])])
-    assert strategy.prototypes[:, 0].tolist() == [3, 0, 0]  # classes 1, 2 held by nobody now
-    assert strategy.present.tolist() == [True, False, False]
+    strategy.aggregate_train(2, [proto_reply(1, weights, 2 * first, [5, 0, 0]),
+                                 proto_reply(2, weights, 4 * second, [0, 0, 5])])
+    assert strategy.prototypes[:, 0].tolist() == [2, 0, 4]  # class 1 held by nobody now
+    assert strategy.present.tolist() == [True, False, True]
 
 
 # --- both, through the ClientApp: two rounds in process ---------------------------------------

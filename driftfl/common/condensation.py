@@ -58,9 +58,10 @@ PIXEL_BOUND = 1e4  # condensed pixels (normalised images) beyond this are not im
 
 
 def read_condensed(record: ArrayRecord, shape: tuple[int, ...], num_classes: int,
-                   most: int | None = None) -> tuple[np.ndarray, np.ndarray] | str:
+                   ipc: int | None = None) -> tuple[np.ndarray, np.ndarray] | str:
     """(images, labels) of a ``condensed`` record, or why it cannot be used: the server checks
-    a client's set with it, a client the images a server sent. ``most``: the largest count."""
+    a client's set with it, a client the images a server sent. ``ipc``: the most images of one
+    class (a client's own set; a server's holds many clients')."""
     try:
         images, labels = record["images"].numpy(), record["labels"].numpy()
     except Exception as err:  # missing or unreadable arrays
@@ -71,10 +72,12 @@ def read_condensed(record: ArrayRecord, shape: tuple[int, ...], num_classes: int
         expected = ", ".join(map(str, shape))
         return (f"condensed set is {images.dtype}{list(images.shape)} / "
                 f"{labels.dtype}{list(labels.shape)}, expected float32 [N, {expected}] / int64 [N]")
-    if most is not None and n > most:
-        return f"condensed set holds {n} images, more than ipc x classes = {most}"
     if not np.isfinite(images).all() or np.abs(images).max() > PIXEL_BOUND:
         return "condensed images hold NaN/inf or out-of-range values"
     if ((labels < 0) | (labels >= num_classes)).any():
         return f"condensed labels outside 0..{num_classes - 1}"
+    per_class = np.bincount(labels, minlength=num_classes)
+    if ipc is not None and per_class.max() > ipc:
+        return (f"condensed set holds {per_class.max()} images of class "
+                f"{per_class.argmax()}, more than ipc = {ipc}")
     return images, labels

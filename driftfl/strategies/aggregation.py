@@ -196,11 +196,13 @@ class Aggregation:
         """The next global model from the accepted ``updates`` of the model ``global_arrays``."""
         return weighted_average(updates, self.weights(updates))
 
-    def combine(self, payloads: list[dict[str, np.ndarray]],
-                weights: np.ndarray) -> dict[str, np.ndarray]:
+    def combine(self, payloads: list[dict[str, np.ndarray]], weights: np.ndarray,
+                among: list[int] | None = None) -> dict[str, np.ndarray]:
         """One payload per reply of the last ``aggregate`` (same order: SCAFFOLD's Delta c_k,
         prototypes, ...) made into one, float64: their ``weights``-weighted mean here; a robust
-        rule treats them as it treated the models."""
+        rule treats them as it treated the models. ``among``: the positions, in those replies,
+        of the payloads given (some replies only: the holders of a class); {} when the rule
+        keeps none of them."""
         return weighted_mean(payloads, weights)
 
 

@@ -108,6 +108,7 @@ class DriftStrategy(FedAvg):
         self.local_training = local_training
         self.node_rank: dict[int, int] = {}  # node id -> partition id (data survey)
         self.surveyed: dict[int, int] | None = None  # node id -> num_examples (data survey)
+        self.histograms: dict[int, np.ndarray] = {}  # node id -> label histogram (data survey)
         self.report = RoundReport()
         self.global_arrays: dict[str, np.ndarray] = {}  # the model sent this round
         self.last_aggregate: dict[str, np.ndarray] = {}  # what the aggregation made of it
@@ -153,6 +154,9 @@ class DriftStrategy(FedAvg):
         partition_id, num_examples and label_histogram."""
         self.node_rank = {c["node_id"]: c["partition_id"] for c in clients}
         self.surveyed = {c["node_id"]: c["num_examples"] for c in clients}
+        # a survey always has one; unit tests' hand-made clients may not (then: not checked)
+        self.histograms = {c["node_id"]: np.asarray(c["label_histogram"]) for c in clients
+                           if "label_histogram" in c}
         self.aggregation.meet(clients)
 
     def rejoin(self, clients: list[dict], moved: dict[int, int]) -> None:

@@ -14,6 +14,10 @@ clients, their classifiers and the CKA matrix, and the condensed store.
 2. Each round: an unexplored client condenses and trains on its data, returning its model and
    its condensed set; an explored client gets its complementary group's condensed images, the
    share r the global model gets worst (highest loss) dropped, and fine-tunes on them.
+A condensed set is stored (and its client explored, its classifier put in the CKA matrix) only
+when it passes condensed.py's checks: at most ipc images per class, of classes the node holds,
+no image outsizing the known sets by max_peer_ratio; w^1 replaces w^0 only when it is finite and
+within max_update_ratio of it (else w^0 stays, the refusal in round 1's row).
 """
 
 from __future__ import annotations
@@ -31,27 +35,22 @@ from flwr.supercore import log
 from pydantic import Field
 
 from driftfl.common.augment import SiameseAugment, parse_transforms
-from driftfl.common.condensation import CondensationSettings, read_condensed
-from driftfl.common.protocol import (ARRAYS, CLASSIFIER, CONDENSE, CONDENSE_SECONDS, CONDENSED,
-                                     CONFIG, DATASET_META, DCFL_CONDENSE, METHOD, METRICS,
-                                     NUM_EXAMPLES, PROXIMAL_MU, SERVER_ROUND, DatasetMeta,
-                                     load_numpy)
+from driftfl.common.condensation import CondensationSettings
+from driftfl.common.protocol import (ARRAYS, CONDENSE, CONDENSE_SECONDS, CONDENSED, CONFIG,
+                                     DATASET_META, DCFL_CONDENSE, METHOD, NUM_EXAMPLES,
+                                     PROXIMAL_MU, SERVER_ROUND, DatasetMeta, load_numpy)
 from driftfl.common.settings import MANY
 from driftfl.common.training import CrossEntropy, TrainSettings, train_locally
 
 from .aggregation import ClientUpdate, to_numpy, to_record
 from .base import DriftStrategy, StrategySettings
 from .cka import complementary_group, keep_lowest_loss, linear_cka
+from .condensed import check_condensed, check_pretrain_reply, outsized
 from .selection import EXPLORED_CLIENTS, ExploredClients
 
 PRIVACY = ("driftfl: DCFL sends condensed images of every explored client's data to the "
            "server, and from there to other clients: condensed images can reveal what the "
            "data looks like. Use it only where that is acceptable.")
-
-
-# No trained classifier weight comes near this; a larger one is corrupt or hostile (and would
-# overflow the CKA products).
-CLASSIFIER_BOUND = 1e4
 
 
 class DCFLSettings(StrategySettings, CondensationSettings):
@@ -62,14 +61,6 @@ class DCFLSettings(StrategySettings, CondensationSettings):
     filter_ratio: float = Field(0.2, ge=0, lt=1)  # r: share of a group's images dropped
     # the complementary group's size; null: clients per round - 1
     group_size: int | None = Field(None, ge=0, le=MANY)
-
-
-def check_condensed(msg: Message, shape: tuple[int, ...], num_classes: int,
-                    most: int) -> tuple[np.ndarray, np.ndarray] | str:
-    """(images, labels) of a reply's condensed set, or why it cannot be used."""
-    if CONDENSED not in msg.content.array_records:
-        return f"reply lacks the '{CONDENSED}' record"
-    return read_condensed(msg.content.array_records[CONDENSED], shape, num_classes, most)
 
 
 @dataclass
@@ -94,7 +85,7 @@ class DCFL(DriftStrategy):
                  pretrain_requests: int, pretrain: TrainSettings, filter_ratio: float,
                  group_size: int | None, finetune: TrainSettings, mix: bool,
                  augment: SiameseAugment | None,
-                 max_images: int, proximal_mu: float | None, seed: int, device: str,
+                 ipc: int, proximal_mu: float | None, seed: int, device: str,
                  **kwargs):
         super().__init__(**kwargs)
         self.model = model  # a scratch copy: the filter's losses, the pre-training
@@ -105,7 +96,7 @@ class DCFL(DriftStrategy):
         # E_c local epochs, or (mix) one stage on its data and them together
         self.finetune, self.mix = finetune, mix
         self.exchange = mix or finetune.epochs > 0  # whether any images are sent
-        self.augment, self.max_images = augment, max_images
+        self.augment, self.ipc = augment, ipc
         self.proximal_mu, self.seed, self.device = proximal_mu, seed, device
         self.explored: list[int] = []  # node ids, in the order they were explored
         self.classifiers: list[np.ndarray] = []  # their classifier weights, same order
@@ -118,6 +109,7 @@ class DCFL(DriftStrategy):
         self.started = False
         self.image_shape: tuple[int, ...] = ()  # from the dataset description, in round 1
         self.pretrained: dict[str, np.ndarray] | None = None  # w^1, until its row records it
+        self.early: list[str] = []  # the pre-training's refusal, for round 1's report
 
     @classmethod
     def arguments(cls, settings, *, model, aux_set, experiment):
@@ -131,7 +123,7 @@ class DCFL(DriftStrategy):
                 "mix": settings.condensed_use == "mix",
                 "augment": (SiameseAugment(parse_transforms(settings.dsa_transforms))
                             if settings.dsa else None),
-                "max_images": settings.ipc * model.head.out_features,
+                "ipc": settings.ipc,
                 "proximal_mu": settings.mu if settings.objective == "prox" else None,
                 "seed": experiment.seed, "device": experiment.device}
 
@@ -182,14 +174,21 @@ class DCFL(DriftStrategy):
                                 dst_node_id=node,
                                 message_type=f"{MessageType.QUERY}.{DCFL_CONDENSE}")
                         for node in asked]
-            replies = grid.send_and_receive(messages, timeout=self.round_timeout)
-            for reply in self.in_node_order(replies):
-                checked = self.check_pretrain_reply(reply, head)
-                if isinstance(checked, str):
+            replies = self.in_node_order(grid.send_and_receive(messages,
+                                                               timeout=self.round_timeout))
+            checked = [check_pretrain_reply(r, self.image_shape, head, self.ipc,
+                                            self.histograms.get(r.metadata.src_node_id))
+                       for r in replies]
+            sets = [k for k, c in enumerate(checked) if not isinstance(c, str)]
+            for k, reason in outsized([checked[k][1] for k in sets], self.store,
+                                      self.max_peer_ratio).items():
+                checked[sets[k]] = reason
+            for reply, result in zip(replies, checked):
+                if isinstance(result, str):
                     log(WARNING, "DCFL pre-training reply from %s rejected: %s",
-                        self.describe(reply.metadata.src_node_id), checked)
-                    continue
-                self.explore(reply.metadata.src_node_id, *checked)
+                        self.describe(reply.metadata.src_node_id), result)
+                else:
+                    self.explore(reply.metadata.src_node_id, *result)
             print(f"DCFL pre-training: request {request}/{self.pretrain_requests}, asked "
                   f"clients {self.partition_ids(asked)}, {len(self.explored)} explored",
                   flush=True)
@@ -204,28 +203,16 @@ class DCFL(DriftStrategy):
         print(f"DCFL pre-training: the server trained the initial model on {len(labels)} "
               f"condensed images for {self.pretrain_settings.epochs} epochs", flush=True)
         trained = {k: v.detach().cpu().numpy() for k, v in model.state_dict().items()}
+        refused = self.state_problem(trained, to_numpy(arrays))
+        if refused:  # checked like an aggregate; round 1 starts from w^0
+            self.refuse_state(0, "DCFL's pre-trained model", refused)
+            self.early = [f"DCFL's pre-trained model: {refused}"]
+            return arrays
         self.pretrained = trained
         return to_record(trained)
 
     def head_shape(self) -> tuple[int, int]:
         return tuple(self.model.head.weight.shape)
-
-    def check_pretrain_reply(self, reply: Message, head: tuple[int, int]):
-        if reply.has_error():
-            return f"error reply: {reply.error.reason}"
-        condensed = check_condensed(reply, self.image_shape, head[0], self.max_images)
-        if isinstance(condensed, str):
-            return condensed
-        try:
-            weight = reply.content.array_records[CLASSIFIER]["weight"].numpy()
-        except Exception as err:
-            return f"classifier cannot be read: {err!r}"
-        if weight.shape != head or not np.isfinite(weight).all() \
-                or np.abs(weight).max() > CLASSIFIER_BOUND:
-            return (f"classifier is {list(weight.shape)}, expected {list(head)} finite values "
-                    f"within +-{CLASSIFIER_BOUND:g}")
-        seconds = reply.content.metric_records.get(METRICS, {}).get(CONDENSE_SECONDS)
-        return weight, *condensed, float(seconds) if isinstance(seconds, float) else None
 
     # -- a round -------------------------------------------------------------------------
     def configure_train(self, server_round, arrays, config, grid):
@@ -295,7 +282,7 @@ class DCFL(DriftStrategy):
         if reason or update.node_id not in self.asked:
             return reason
         checked = check_condensed(update.message, self.image_shape, self.head_shape()[0],
-                                  self.max_images)
+                                  self.ipc, self.histograms.get(update.node_id))
         if isinstance(checked, str):
             return checked
         self.checked_sets[update.node_id] = checked  # kept for accept, not read twice
@@ -319,8 +306,19 @@ class DCFL(DriftStrategy):
             f", then {self.finetune.in_words(f'the {received} images sent')}"
             if received and self.finetune.epochs else "")
 
+    def screen(self, updates: list[ClientUpdate]) -> list[ClientUpdate]:
+        """The new condensed sets against the stored ones and each other (condensed.outsized)."""
+        new = [u for u in updates if u.node_id in self.asked]
+        bad = outsized([self.checked_sets[u.node_id][0] for u in new], self.store,
+                       self.max_peer_ratio)
+        for k, reason in bad.items():
+            self.record_rejection(self.report, new[k].node_id, reason)
+        dropped = {new[k].node_id for k in bad}
+        return [u for u in updates if u.node_id not in dropped]
+
     def accept(self, replies) -> list[ClientUpdate]:
         updates = super().accept(replies)
+        self.report.refused_state[:0], self.early = self.early, []
         for update in updates:
             if update.node_id in self.asked:
                 self.explore(update.node_id, update.arrays["head.weight"],

@@ -9,6 +9,11 @@ With prototypes=previous (the one-exchange option, docs/algorithms.md) there is 
 train message carries the previous round's P_G (zero rows in round 1) and the train replies bring
 the P_k for the next round. With prototypes=local (the authors' code) nothing but the teacher is
 sent: each client builds its own P from the teacher's logits on its data.
+A P_k is used only if it passes check_prototypes (finite, within +-1e4, counts whole) and
+prototypes.py's rules (counts within the node's surveyed label histogram, no row for a class it
+does not hold, each class's norm within max_peer_ratio x its peers' lower median and within
+max_update_ratio of P_G,c); a new P_G that would move the classes it shares with the old one by
+more than max_update_ratio x their norm is refused, the old one kept (guard.state_problem).
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from driftfl.common.protocol import (CONFIG, CSD_PROTOTYPES, PROTOTYPES, PROTOTY
 
 from .aggregation import to_record
 from .base import StrategySettings
+from .prototypes import common_rows, outliers, survey_problem
 from .teacher import EMATeacher
 
 
@@ -92,6 +98,8 @@ class FedCSD(EMATeacher):
         self.local = source == "local"  # each client its own P: nothing exchanged
         self.num_classes = num_classes
         self.prototypes: np.ndarray | None = None  # P_G
+        self.present = np.zeros(num_classes, dtype=bool)  # the classes some client held
+        self.early: list[str] = []  # refusals of the prototype phase, for the round's report
 
     @classmethod
     def arguments(cls, settings, *, model, aux_set, **_):
@@ -99,18 +107,34 @@ class FedCSD(EMATeacher):
                 "source": settings.prototypes,
                 "num_classes": model.head.out_features}
 
-    def gather(self, replies) -> tuple[list[int], np.ndarray]:
-        """The nodes whose prototypes are usable, and P_G from them."""
-        answered, usable = [], []
+    def gather(self, replies, server_round: int) -> list[int]:
+        """The nodes whose prototypes are usable; P_G from them, unless it is refused."""
+        nodes, usable = [], []
         for reply in self.in_node_order(replies):
             node = reply.metadata.src_node_id
             checked = check_prototypes(reply, self.num_classes, self.survey_count(node))
+            if not isinstance(checked, str):
+                checked = survey_problem(*checked, self.histograms.get(node)) or checked
             if isinstance(checked, str):
                 log(WARNING, "prototype reply from %s rejected: %s", self.describe(node), checked)
             else:
-                answered.append(reply.metadata.src_node_id)
+                nodes.append(node)
                 usable.append(checked)
-        return answered, global_prototypes(usable, self.num_classes)
+        bad = outliers(usable, self.prototypes, self.present, self.max_peer_ratio,
+                       self.max_update_ratio)
+        for k, reason in bad.items():
+            log(WARNING, "prototype reply from %s rejected: %s", self.describe(nodes[k]), reason)
+        usable = [p for k, p in enumerate(usable) if k not in bad]
+        new = global_prototypes(usable, self.num_classes)
+        present = np.any([counts > 0 for _, counts in usable], axis=0) if usable \
+            else np.zeros(self.num_classes, dtype=bool)
+        rows = common_rows(new, present, self.prototypes, self.present)
+        problem = rows and self.state_problem(*rows)
+        if problem:
+            self.refuse_state(server_round, "FedCSD's prototypes", problem)
+        else:
+            self.prototypes, self.present = new, present
+        return [n for k, n in enumerate(nodes) if k not in bad]
 
     def before_train(self, server_round, nodes, config: ConfigRecord, grid):
         if self.local:
@@ -123,17 +147,23 @@ class FedCSD(EMATeacher):
         teacher = to_record(self.teacher)
         query = [Message(RecordDict({TEACHER: teacher, CONFIG: config}), dst_node_id=node,
                          message_type=f"{MessageType.QUERY}.{CSD_PROTOTYPES}") for node in nodes]
-        answered, self.prototypes = self.gather(
-            grid.send_and_receive(query, timeout=self.round_timeout))
-        return [node for node in nodes if node in set(answered)]
+        before = len(self.report.refused_state)
+        answered = set(self.gather(grid.send_and_receive(query, timeout=self.round_timeout),
+                                   server_round))
+        self.early = self.report.refused_state[before:]  # this report is last round's
+        return [node for node in nodes if node in answered]
+
+    def accept(self, replies):
+        updates = super().accept(replies)
+        self.report.refused_state[:0], self.early = self.early, []
+        return updates
 
     def aggregate_train(self, server_round, replies):
         replies = list(replies)
         arrays, metrics = super().aggregate_train(server_round, replies)
         if self.one_exchange:  # the P_k of the train replies make the next round's P_G
             accepted = {u.node_id for u in self.last_updates}
-            _, self.prototypes = self.gather(
-                [r for r in replies if r.metadata.src_node_id in accepted])
+            self.gather([r for r in replies if r.metadata.src_node_id in accepted], server_round)
         return arrays, metrics
 
     def knowledge(self, server_round: int) -> dict:

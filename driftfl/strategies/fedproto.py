@@ -7,8 +7,14 @@ a class nobody held this round has no global prototype (the authors replace P_G 
 P_G and which classes have one ("present") go out with the global model from round 2 on.
 The weights are averaged too (the configured aggregation, FedAvg by default) and the global
 model is evaluated centrally as for every method. A reply whose prototypes fail the checks is
-refused whole: it touches neither P_G nor the model. A round that leaves the global model as it
-was (no usable reply, or a refused aggregate) leaves P_G as it was.
+refused whole: it touches neither P_G nor the model. The checks: fedcsd.check_prototypes
+(finite, within +-1e4, counts whole) and prototypes.py's rules (counts within the node's
+surveyed label histogram, no row for a class it does not hold, each class's norm within
+max_peer_ratio x its peers' lower median, within max_update_ratio of P_G,c). A new P_G that
+would move the classes it shares with the old one by more than max_update_ratio x their norm
+(guard.state_problem) is refused and the old one kept. A round that leaves the global model as
+it was (no usable reply, or a refused aggregate) leaves P_G as it was. Under a robust
+aggregation P_G,c is its ``combine`` of the holders' P_k,c, not the count-weighted mean.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from driftfl.common.protocol import FEATURE_PROTOTYPES
 from .aggregation import ClientUpdate
 from .base import DriftStrategy
 from .fedcsd import check_prototypes
+from .prototypes import combined, common_rows, outliers, survey_problem
 
 
 def check_feature_prototypes(msg: Message, num_classes: int, dim: int,
@@ -70,8 +77,10 @@ class FedProto(DriftStrategy):
                                                  "present": Array(self.present)})}
 
     def prototypes_of(self, update: ClientUpdate) -> tuple[np.ndarray, np.ndarray] | str:
-        return check_feature_prototypes(update.message, self.num_classes, self.feature_dim,
-                                         self.survey_count(update.node_id))
+        checked = check_feature_prototypes(update.message, self.num_classes, self.feature_dim,
+                                           self.survey_count(update.node_id))
+        return checked if isinstance(checked, str) else (
+            survey_problem(*checked, self.histograms.get(update.node_id)) or checked)
 
     def reject(self, update: ClientUpdate) -> str | None:
         reason = super().reject(update)
@@ -79,12 +88,31 @@ class FedProto(DriftStrategy):
             reason = checked
         return reason
 
+    def screen(self, updates: list[ClientUpdate]) -> list[ClientUpdate]:
+        """The prototypes against the round's peers and P_G (prototypes.outliers)."""
+        bad = outliers([self.prototypes_of(u) for u in updates], self.prototypes, self.present,
+                       self.max_peer_ratio, self.max_update_ratio)
+        for k, reason in bad.items():
+            self.record_rejection(self.report, updates[k].node_id, reason)
+        return [u for k, u in enumerate(updates) if k not in bad]
+
     def aggregate_train(self, server_round, replies):
         arrays, metrics = super().aggregate_train(server_round, replies)
-        if arrays is not None:  # every accepted reply passed prototypes_of in reject
-            self.prototypes, self.present = weighted_prototypes(
-                [self.prototypes_of(u) for u in self.last_updates], self.num_classes,
-                self.feature_dim)
+        if arrays is None:
+            return arrays, metrics
+        # every accepted reply passed prototypes_of in reject
+        replies = [self.prototypes_of(u) for u in self.last_updates]
+        if self.aggregation.robust:
+            new = combined(self.aggregation, replies, self.num_classes, self.feature_dim,
+                           by_counts=True)
+        else:  # the paper's formula
+            new = weighted_prototypes(replies, self.num_classes, self.feature_dim)
+        rows = common_rows(*new, self.prototypes, self.present)
+        problem = rows and self.state_problem(*rows)
+        if problem:
+            self.refuse_state(server_round, "FedProto's prototypes", problem)
+        else:
+            self.prototypes, self.present = new
         return arrays, metrics
 
     def server_metrics(self, accuracy_of) -> dict[str, float]:

@@ -108,7 +108,7 @@ class MedianAggregation(RobustAggregation):
     def aggregate(self, updates, global_arrays):
         return coordinatewise(updates, aggregate_median)
 
-    def combine(self, payloads, weights):
+    def combine(self, payloads, weights, among=None):
         return payload_coordinatewise(payloads, aggregate_median)
 
 
@@ -135,7 +135,7 @@ class TrimmedMeanAggregation(RobustAggregation):
     def aggregate(self, updates, global_arrays):
         return coordinatewise(updates, partial(aggregate_trimmed_avg, proportiontocut=self.beta))
 
-    def combine(self, payloads, weights):
+    def combine(self, payloads, weights, among=None):
         return payload_coordinatewise(
             payloads, partial(aggregate_trimmed_avg, proportiontocut=self.beta))
 
@@ -190,7 +190,11 @@ class KrumAggregation(RobustAggregation):
         kept = [updates[i] for i in self.kept]
         return weighted_average(kept, example_weights(kept))
 
-    def combine(self, payloads, weights):
+    def combine(self, payloads, weights, among=None):
         """The payloads of the replies Krum kept for the model, by their weights."""
-        return weighted_mean([payloads[i] for i in self.kept],
-                             np.asarray(weights, dtype=np.float64)[self.kept])
+        among = range(len(payloads)) if among is None else among
+        kept = [i for i, position in enumerate(among) if position in self.kept]
+        if not kept:
+            return {}
+        return weighted_mean([payloads[i] for i in kept],
+                             np.asarray(weights, dtype=np.float64)[kept])

@@ -1,0 +1,100 @@
+"""What one reply's class prototypes may do to the global prototypes (FedProto's feature
+prototypes, FedCSD's logit prototypes).
+
+The reply checks (``fedcsd.check_prototypes``: finite, within +-1e4, counts whole and summing to
+at most the survey's count) leave a hostile client free to put 1e4 on a class it does not hold,
+or to send a prototype a thousand times its peers'. Three rules close that; a reply that breaks
+one is rejected whole, like a failed check:
+
+- **Survey.** The counts agree with the node's label histogram from the data survey: at most the
+  histogram's count per class, and a class the node does not hold has count 0 and a zero row.
+- **Peers.** A held class's prototype norm is at most ``max_peer_ratio`` x the lower median
+  (``guard.lower_median``) of that class's prototype norms this round, over the replies holding
+  it; a class that one reply alone holds is measured against the lower median over every held
+  prototype of the round (features and logits of one model have norms of one order).
+- **Global.** Where the class has a global prototype, ||P_k,c - P_G,c|| may be at most
+  ``max_update_ratio`` x max(1, ||P_G,c||), as a model update against the global model.
+
+The new global prototypes replace the old ones only if ``guard.state_problem`` passes on the
+classes both hold (``common_rows``). Under a robust aggregation P_G,c is the aggregation's
+``combine`` of the holders' P_k,c (``combined``) instead of the paper's mean.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import guard
+
+Replies = list[tuple[np.ndarray, np.ndarray]]  # (P_k (C, d), counts (C,)) per reply
+
+
+def survey_problem(prototypes: np.ndarray, counts: np.ndarray,
+                   histogram: np.ndarray | None) -> str | None:
+    """Why these counts and rows disagree with the node's label histogram (None: they agree,
+    or there was no survey)."""
+    if histogram is None:
+        return None
+    over = np.flatnonzero(counts > histogram)
+    if len(over):
+        return (f"counts {counts[over].astype(np.int64).tolist()} of classes {over.tolist()} "
+                f"exceed the data survey's {histogram[over].tolist()}")
+    ghost = np.flatnonzero((histogram == 0) & np.abs(prototypes).any(axis=1))
+    if len(ghost):
+        return f"prototypes of classes {ghost.tolist()}, which the node does not hold"
+    return None
+
+
+def outliers(replies: Replies, global_prototypes: np.ndarray | None, present: np.ndarray,
+             peer_ratio: float, update_ratio: float) -> dict[int, str]:
+    """Position -> why, for the replies whose held prototypes break the peer or global rule."""
+    if not replies:
+        return {}
+    norms = np.stack([np.linalg.norm(p.astype(np.float64), axis=1) for p, _ in replies])
+    held = np.stack([c > 0 for _, c in replies])
+    pooled = guard.lower_median(norms[held].tolist())
+    reasons: dict[int, str] = {}
+    for c in range(held.shape[1]):
+        holders = np.flatnonzero(held[:, c])
+        median = (guard.lower_median(norms[holders, c].tolist()) if len(holders) > 1
+                  else pooled)
+        for k in holders:
+            if not norms[k, c] <= peer_ratio * median:
+                reasons.setdefault(k, f"its class-{c} prototype's norm {norms[k, c]:.3g} is over "
+                                      f"max_peer_ratio={peer_ratio:g} x the round's median "
+                                      f"{median:.3g}")
+            elif global_prototypes is not None and present[c]:
+                old = global_prototypes[c].astype(np.float64)
+                moved = float(np.linalg.norm(replies[k][0][c] - old))
+                bound = update_ratio * max(1.0, float(np.linalg.norm(old)))
+                if not moved <= bound:
+                    reasons.setdefault(k, f"its class-{c} prototype is {moved:.3g} from the "
+                                          f"global one, over the bound {bound:.3g} "
+                                          "(max_update_ratio)")
+    return reasons
+
+
+def common_rows(new: np.ndarray, new_present: np.ndarray, old: np.ndarray | None,
+                old_present: np.ndarray) -> tuple[dict, dict] | None:
+    """(new, old) on the classes both hold, for ``state_problem``; a class new this round has
+    no old value to be measured from (the peer rule bounded it). None: no old state yet."""
+    if old is None:
+        return None
+    both = new_present & old_present
+    return {"prototypes": new[both]}, {"prototypes": old[both]}
+
+
+def combined(aggregation, replies: Replies, num_classes: int, dim: int,
+             by_counts: bool) -> tuple[np.ndarray, np.ndarray]:
+    """(P_G, present) by a robust aggregation's ``combine``, per class over the replies holding
+    it (weighted by their counts, or uniformly), positions as in the last aggregate's replies."""
+    out = np.zeros((num_classes, dim), dtype=np.float32)
+    present = np.zeros(num_classes, dtype=bool)
+    for c in range(num_classes):
+        holders = [k for k, (_, counts) in enumerate(replies) if counts[c] > 0]
+        weights = np.array([replies[k][1][c] if by_counts else 1.0 for k in holders], np.float64)
+        merged = aggregation.combine([{"p": replies[k][0][c]} for k in holders], weights,
+                                     among=holders) if holders else {}
+        if merged:
+            out[c], present[c] = merged["p"], True
+    return out, present
