@@ -13,12 +13,12 @@ import logging
 import numpy as np
 import pytest
 import torch
-from flwr.app import ConfigRecord
+from flwr.app import ConfigRecord, Message, MetricRecord, RecordDict
 
 from driftfl.common.config import compose
 from driftfl.common.errors import ConfigError
 from driftfl.common.owners import MAX_EXAMPLES, Owner, read_owners, write_owners
-from driftfl.common.protocol import DATASET_META
+from driftfl.common.protocol import DATASET_META, METRICS, NUM_EXAMPLES
 from driftfl.deploy.register import merged, planned_owners
 from driftfl.methods import build_strategy, check_experiment
 from driftfl.server.app import experiment_owners
@@ -26,7 +26,8 @@ from driftfl.server.roster import Roster
 from driftfl.server.survey import survey_clients
 from driftfl.strategies import FedAvg
 from test_deploy import _driftfl, _one_line_error
-from test_reply_checks import META, ScriptedGrid, summary_reply, surveyed, train_reply
+from test_reply_checks import (META, ScriptedGrid, metadata, summary_reply, surveyed,
+                               train_reply)
 from test_roster import CLIENTS, ChangingGrid
 
 OWNERS = {11: Owner("node-0.key.pub", 0), 12: Owner("node-1.key.pub", 1),
@@ -107,12 +108,21 @@ def test_a_claimed_count_weighs_at_most_max_examples_ratio_times_the_median(capl
     assert shares[10.0] == pytest.approx(10 / 19, abs=1e-6)  # 0.526
     assert shares[float("inf")] == pytest.approx(10**6 / (10**6 + 900), abs=1e-6)
     assert "partition 10 (node 10) weighs as 1000 examples, not its 1000000" in caplog.text
+    # the mean of the evaluation replies too: nine at accuracy 0, the liar's 1
+    strategy = surveyed(FedAvg(max_examples_ratio=10.0), clients)
+    metrics = strategy.aggregate_evaluate(1, [
+        Message(metadata=metadata(n, "evaluate"), content=RecordDict({METRICS: MetricRecord(
+            {NUM_EXAMPLES: 10**6 if n == 10 else 100, "local-accuracy": float(n == 10)})}))
+        for n in range(1, 11)])
+    assert metrics["local-accuracy"] == pytest.approx(10 / 19)
 
 
 def test_the_cap_is_deployments_only_and_an_honest_federation_never_meets_it():
-    cfg = check_experiment(compose([]))
-    assert build_strategy(cfg, torch.nn.Linear(2, 2)).max_examples_ratio == float("inf")
-    assert build_strategy(cfg, torch.nn.Linear(2, 2), deployed=True).max_examples_ratio == 10
+    for method in ("fedavg", "fedprox"):  # DriftStrategy's own, and one of Flower's first
+        cfg = check_experiment(compose([f"strategy={method}"]))
+        assert build_strategy(cfg, torch.nn.Linear(2, 2)).max_examples_ratio == float("inf")
+        assert build_strategy(cfg, torch.nn.Linear(2, 2),
+                              deployed=True).max_examples_ratio == 10
     # clients of ordinary, unequal sizes: the weights are n_k / sum n, untouched
     strategy = surveyed(FedAvg(max_examples_ratio=10.0), [
         {"node_id": n, "partition_id": n, "num_examples": 50 * n} for n in (1, 2, 3)])

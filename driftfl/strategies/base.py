@@ -93,7 +93,7 @@ class DriftStrategy(FedAvg):
     def assemble(self, selection: Selection | None, aggregation: Aggregation | None,
                  objective: str, round_timeout: float, max_update_ratio: float,
                  max_peer_ratio: float, local_training: TrainSettings | None,
-                 max_examples_ratio: float = math.inf) -> None:
+                 max_examples_ratio: float) -> None:
         """Take the parts, and start with no state."""
         self.selection = selection or Selection()
         self.aggregation = aggregation or Aggregation()
