@@ -72,7 +72,8 @@ address = "superlink:9091"
 root-certificates = "/secrets/ca.crt"
 EOF
   local tries=0
-  until driftfl secure register demo /secrets/node-*.key.pub; do
+  until driftfl secure register demo /secrets/node-*.key.pub \
+      --owners "${FLWR_HOME:-$HOME/.flwr}/owners.json"; do
     tries=$((tries + 1))
     [ "$tries" -lt 60 ] || { say "operator: could not register the nodes"; exit 1; }
     sleep 2

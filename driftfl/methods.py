@@ -137,6 +137,8 @@ def check_experiment(cfg: ExperimentConfig | dict[str, Any]) -> ExperimentConfig
     return checked
 
 
-def build_strategy(cfg: ExperimentConfig, model, aux_set: AuxSet | None = None) -> DriftStrategy:
-    """The strategy of a checked experiment (``check_experiment``)."""
-    return METHODS[cfg.strategy.name].strategy.from_config(cfg, model, aux_set)
+def build_strategy(cfg: ExperimentConfig, model, aux_set: AuxSet | None = None,
+                   deployed: bool = False) -> DriftStrategy:
+    """The strategy of a checked experiment (``check_experiment``); ``deployed``: its nodes
+    claim their example counts (DriftStrategy.from_config)."""
+    return METHODS[cfg.strategy.name].strategy.from_config(cfg, model, aux_set, deployed)

@@ -134,8 +134,8 @@ print(k.public_bytes(s.Encoding.OpenSSH, s.PublicFormat.OpenSSH).decode())")
               'root-certificates = "/node/ca.crt"' '[superlink.direct]' \
               'address = "superlink:9091"' 'root-certificates = "/node/ca.crt"' \
               > ~/.flwr/config.toml
-            driftfl secure register proxy /tmp/stranger.pub
-            driftfl secure register direct /tmp/stranger.pub
+            driftfl secure register proxy /tmp/stranger.pub --partition stranger.pub=0
+            driftfl secure register direct /tmp/stranger.pub --partition stranger.pub=0
             getent hosts superlink || echo "superlink: no such host here"
             """, timeout=300)
         said = stranger.stdout + stranger.stderr

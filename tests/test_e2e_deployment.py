@@ -192,6 +192,45 @@ def test_registered_nodes_train_fedcsd_and_strangers_are_refused(tmp_path, fmnis
     assert '"POST /v1/control/register-node HTTP/1.1" 403' in proxy_log
 
 
+def test_with_an_owners_file_a_node_claiming_another_keys_partition_is_refused(
+        tmp_path, fmnist_available):
+    """`driftfl secure register` records each key's node id and partition in owners.json.
+    A third key, registered for partition 2, runs with partition 0's config (the probe's
+    squatter): with owners= it is refused, and partition 0's owner trains."""
+    nodes = [f"dataset='fmnist' partition-id={i} num-partitions=3" for i in range(2)]
+    run_dir = tmp_path / "run"
+    with deployment(nodes, tmp_path) as run:
+        owners = run.keys / "owners.json"
+        # node-0's key again (registered already: its id is found) and the squatter's key
+        register = subprocess.run([driftfl_bin(), "secure", "register", "deployment",
+                                   *(str(run.keys / f"node-{i}.key.pub") for i in (0, 2))],
+                                  env=run.env, capture_output=True, text=True, timeout=120)
+        run.start([*run.node_command("node-2.key"), "--node-config",
+                   "dataset='fmnist' partition-id=0 num-partitions=3"], "squatter")
+        out = run("model=mlp dataset.subset=3000 dataset.test_subset=1000 num_clients=3 "
+                  f"rounds=1 node_wait=120 owners={owners}", run_dir)
+        listed = subprocess.run([_tool("flwr"), "supernode", "list", "deployment", "--format",
+                                 "json"], env=run.env, capture_output=True, text=True,
+                                timeout=120)
+    assert register.returncode == 0, register.stdout + register.stderr
+    recorded = json.loads(owners.read_text())
+    node = {entry["key"]: int(n) for n, entry in recorded.items()}
+    assert sorted((e["key"], e["partition"]) for e in recorded.values()) == [
+        ("node-0.key.pub", 0), ("node-1.key.pub", 1), ("node-2.key.pub", 2)]
+    assert sorted(node.values()) == sorted(int(n["node-id"])
+                                           for n in json.loads(listed.stdout)["nodes"])
+    assert f"node-0.key.pub: already registered as node {node['node-0.key.pub']}" in \
+        register.stdout, register.stdout
+    assert (run_dir / "summary.json").is_file(), out.stdout[-3000:] + out.stderr[-3000:]
+    clients = json.loads((run_dir / "partition.json").read_text())["clients"]
+    assert [(c["partition_id"], c["node_id"]) for c in clients] == [
+        (0, node["node-0.key.pub"]), (1, node["node-1.key.pub"])]
+    rows = json.loads((run_dir / "metrics.json").read_text())["rounds"]
+    assert rows[1]["clients"] == 2 and rows[1]["model_updated"] == 1, rows
+    assert (f"node {node['node-2.key.pub']} refused: claims partition 0; the owners file "
+            "gives its key node-2.key.pub partition 2") in out.stdout + out.stderr
+
+
 def test_dcfl_condenses_and_exchanges_through_real_supernodes(tmp_path, fmnist_available):
     """DCFL: the pre-training query, condensed sets up and complementary images down, with the
     server's store as the only memory (each message runs in a fresh client process)."""

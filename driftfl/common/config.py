@@ -93,6 +93,10 @@ class ExperimentConfig(Settings):
     # Delta c, Fisher terms, prototypes, ...), may be at most this many times the round's lower
     # median of the same: one client in the bounds cannot outsize its peers
     max_peer_ratio: float = Field(10.0, ge=1)
+    # deployment: a client's aggregation weight counts at most this many times the median of
+    # the example counts the data survey found (nodes claim their counts there; simulation's
+    # are the server's own and never capped), so no client outweighs the rest by claiming
+    max_examples_ratio: float = Field(10.0, ge=1)
     node_wait: float = Field(600.0, gt=0, le=MONTH)
     # deployment: a round goes on while at least min_clients are connected, after waiting up to
     # rejoin_wait seconds (once per loss) for a lost client to come back
@@ -102,6 +106,10 @@ class ExperimentConfig(Settings):
     # a deployed federation to run on: the name of a SuperLink connection in flwr's
     # config.toml ($FLWR_HOME, ~/.flwr); None: a private local simulation
     superlink: str | None = None
+    # deployment with node authentication: the owners file `driftfl secure register` wrote
+    # (node id -> key, partition, examples), a path on the SuperLink's machine; a node may then
+    # claim only its key's partition. None: the first node to claim a partition keeps it
+    owners: str | None = None
     tracker: Literal["none", "tensorboard"] = "none"  # also stream per-round metrics there
     label: str
     verbose: bool = False

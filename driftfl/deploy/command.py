@@ -3,14 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
 import sys
 from pathlib import Path
 
 from driftfl.common.errors import ConfigError
-
-ALREADY_REGISTERED = "Public key already in use"  # flwr's answer to a key registered before
 
 DESCRIPTION = """\
 A secure deployment, step by step (README, Deployment):
@@ -18,9 +14,12 @@ A secure deployment, step by step (README, Deployment):
   2. flower-superlink on 127.0.0.1:9091 with DIR's certificate and --enable-supernode-auth
   3. driftfl secure connect <connection> --address 127.0.0.1:9091 --root-certificates DIR/ca.crt
      driftfl secure register <connection> DIR/node-*.key.pub    (the operator, on 127.0.0.1)
+     (also writes DIR/owners.json: each key's node id and partition, node-<i> holding i)
   4. driftfl secure proxy DIR --listen 0.0.0.0:9090             (the nodes' only door)
   5. each node: flower-supernode --superlink <host>:9090 --root-certificates ca.crt
                 --auth-supernode-private-key node-<i>.key ...
+  6. driftfl run superlink=<connection> owners=<DIR on the SuperLink's machine>/owners.json ...
+     (a node may then claim only its own key's partition)
 """
 
 
@@ -51,10 +50,24 @@ def _parser() -> argparse.ArgumentParser:
     security.add_argument("--insecure", action="store_true",
                           help="no TLS: only for a SuperLink on this machine")
 
-    register = steps.add_parser("register", help="register node public keys with the SuperLink")
+    register = steps.add_parser(
+        "register", help="register node public keys with the SuperLink; record their owners",
+        description="Register each key with the SuperLink and record in the owners file the "
+                    "node id Flower gave it (found again for a key registered before) and the "
+                    "partition its owner holds: node-<i>.key.pub holds partition i unless "
+                    "--partition says otherwise. Entries of other keys in the file stay.")
     register.add_argument("connection", help="the operator's SuperLink connection in "
                                              "$FLWR_HOME/config.toml (never the proxy)")
     register.add_argument("keys", nargs="+", type=Path, help="node public keys (*.key.pub)")
+    register.add_argument("--partition", action="append", default=[], metavar="KEY=P",
+                          help="the partition the key's owner holds, or own for data of its "
+                               "own (KEY: the key's file name; repeat for more keys)")
+    register.add_argument("--examples", action="append", default=[], metavar="KEY=N",
+                          help="the most examples the key's owner may claim (default: not "
+                               "declared, max_examples_ratio bounds its weight)")
+    register.add_argument("--owners", type=Path, metavar="FILE",
+                          help="the owners file to write or update (owners.json beside the "
+                               "first key)")
 
     proxy = steps.add_parser("proxy", help="run the fleet proxy (nginx) in the foreground")
     proxy.add_argument("folder", type=Path, help="the credentials folder of `init`")
@@ -99,31 +112,16 @@ def _public_key_problem(path: Path) -> str | None:
 
 def _register(args) -> None:
     from driftfl.deploy.connection import require_connection
-    from driftfl.launch import _tool
+    from driftfl.deploy.register import existing_owners, planned_owners, register
 
     problems = [p for p in map(_public_key_problem, args.keys) if p]
     if problems:
         raise ConfigError(problems[0])
+    planned = planned_owners(args.keys, args.partition, args.examples)
+    owners = args.owners or args.keys[0].parent / "owners.json"
+    existing = existing_owners(owners, planned)
     require_connection(args.connection)  # flwr would write its default config.toml first
-    failed = 0
-    for key in args.keys:
-        out = subprocess.run([_tool("flwr"), "supernode", "register", str(key), args.connection,
-                              "--format", "json"], capture_output=True, text=True)
-        try:
-            reply = json.loads(out.stdout)
-        except ValueError:
-            reply = {"success": False, "error-message": out.stdout + out.stderr}
-        # flwr's message starts with which SuperLink it used: its last line says what happened
-        said = [line for line in str(reply.get("error-message", "")).splitlines()
-                if line and not line.startswith("For more information")]
-        if reply.get("success"):
-            print(f"{key.name}: registered as node {reply.get('node-id')}")
-        elif said and ALREADY_REGISTERED in said[-1]:
-            print(f"{key.name}: already registered")
-        else:
-            failed += 1
-            print(f"{key.name}: not registered: {' '.join(said[-2:]) or reply}", file=sys.stderr)
-    if failed:
+    if register(args.connection, args.keys, owners, planned, existing):
         raise SystemExit(1)
 
 

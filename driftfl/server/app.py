@@ -20,6 +20,7 @@ from driftfl.common.config import compose
 from driftfl.common.datasets import to_tensors
 from driftfl.common.errors import ConfigError
 from driftfl.common.evaluation import evaluate
+from driftfl.common.owners import Owner, read_owners
 from driftfl.common.partition import describe
 from driftfl.common.protocol import (DATASET_META, EXPERIMENT, load_arrays, load_numpy,
                                      model_to_arrays)
@@ -82,6 +83,17 @@ def simulated_nodes(grid: Grid, num_clients: int) -> list[int]:
         ) from None
 
 
+def experiment_owners(cfg, deployed: bool) -> dict[int, Owner] | None:
+    """The owners file the experiment names (read on the SuperLink's machine, where the
+    ServerApp runs), checked before anything runs; None when it names none."""
+    if cfg.owners is None:
+        return None
+    if not deployed:
+        raise ConfigError("owners= binds deployed nodes to partitions; a simulation assigns "
+                          "them itself: leave owners out")
+    return read_owners(Path(cfg.owners), cfg.num_clients)
+
+
 def run_experiment(grid: Grid, experiment: Experiment, run_dir: Path, run_id: int,
                    resume: bool = False) -> dict:
     """The whole run; ``resume``: go on from the checkpoint in ``run_dir``."""
@@ -92,8 +104,10 @@ def run_experiment(grid: Grid, experiment: Experiment, run_dir: Path, run_id: in
     np.random.seed(cfg.seed)
     # too few simulated nodes is known at once: refused before the run directory is written
     simulated = simulated_nodes(grid, cfg.num_clients) if isinstance(grid, InMemoryGrid) else []
+    owners = experiment_owners(cfg, deployed=not isinstance(grid, InMemoryGrid))
     model = experiment.initial_model()
-    strategy = build_strategy(cfg, model, experiment.aux_set(model))
+    strategy = build_strategy(cfg, model, experiment.aux_set(model),
+                              deployed=not isinstance(grid, InMemoryGrid))
     saved = checkpoint.load(run_dir, cfg, model, strategy) if resume else None
     recorder = RunRecorder(run_dir, cfg, run_id, saved)
     # what every message to a client carries: the experiment and how to read its data
@@ -106,7 +120,7 @@ def run_experiment(grid: Grid, experiment: Experiment, run_dir: Path, run_id: in
     else:  # deployment: each node says what it holds
         metered = MeteredGrid(grid)
         clients = survey_clients(metered, experiment_record, cfg.num_clients, cfg.node_wait,
-                                 cfg.round_timeout)
+                                 cfg.round_timeout, owners)
     moved = checkpoint.restore(strategy, saved, clients) if saved else {}
     strategy.meet(clients)
 
@@ -121,7 +135,7 @@ def run_experiment(grid: Grid, experiment: Experiment, run_dir: Path, run_id: in
         strategy.roster = Roster(metered, experiment_record, clients,
                                  num_partitions=cfg.num_clients, min_clients=cfg.min_clients,
                                  rejoin_wait=cfg.rejoin_wait, timeout=cfg.round_timeout,
-                                 on_change=clients_moved).nodes
+                                 on_change=clients_moved, owners=owners).nodes
     title = (f"{cfg.strategy.name} on {cfg.dataset.name}, {describe(cfg.partition)}, "
              f"{len(clients)} clients, {cfg.model.name}")
     print(console.partition_table(clients, list(experiment.data.classes), title), flush=True)

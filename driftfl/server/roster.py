@@ -6,7 +6,8 @@ and the round finishes with the others. Before each later round the roster
 - surveys every node that connected since (a restarted SuperNode gets a new node id, unless
   node authentication ties its id to its key): one that claims the partition of a client no
   longer connected takes its place, one that claims a partition a connected node holds is
-  refused; a client whose node id is connected again is back;
+  refused (with an owners file, a node may only ever take its own key's partition); a client
+  whose node id is connected again is back;
 - waits up to ``rejoin_wait`` seconds, once per loss, for missing clients to come back;
 - goes on with the clients that are connected, or stops the run with one line when fewer than
   ``min_clients`` are.
@@ -23,6 +24,7 @@ from flwr.app import ConfigRecord
 from flwr.serverapp import Grid
 
 from driftfl.common.errors import ConfigError
+from driftfl.common.owners import Owner
 
 from .survey import OWN_DATA, admit, ask_summaries
 
@@ -32,13 +34,15 @@ class Roster:
 
     def __init__(self, grid: Grid, experiment_record: ConfigRecord, clients: list[dict], *,
                  num_partitions: int, min_clients: int, rejoin_wait: float, timeout: float,
-                 on_change: Callable[[list[dict], dict[int, int]], None], poll: float = 1.0):
+                 on_change: Callable[[list[dict], dict[int, int]], None], poll: float = 1.0,
+                 owners: dict[int, Owner] | None = None):
         self.grid, self.record = grid, experiment_record
         self.clients = list(clients)  # one per partition (own-data nodes: one each)
         self.known = {c["node_id"] for c in clients}  # every node surveyed, refused ones too
         self.num_partitions, self.min_clients = num_partitions, min_clients
         self.rejoin_wait, self.timeout, self.poll = rejoin_wait, timeout, poll
         self.on_change = on_change  # the strategy meets them again: (clients, old -> new node)
+        self.owners = owners  # node id -> its key's partition (the owners file); None: none
         self.waited: set[str] = set()  # missing clients already waited for once
         self.missing: list[str] = []  # as the last call found them
 
@@ -85,7 +89,8 @@ class Roster:
         replies = ask_summaries(self.grid, self.record, sorted(newcomers), self.timeout)
         held = {c["partition_id"]: c["node_id"] for c in self.clients
                 if c["partition_id"] != OWN_DATA and c["node_id"] in connected}
-        joined = admit(replies, self.record, self.num_partitions, claimed=held)
+        joined = admit(replies, self.record, self.num_partitions, claimed=held,
+                       owners=self.owners)
         if not joined:
             return
         moved = {}

@@ -1,6 +1,9 @@
 """The data survey: before the first round every node says which partition it is and how much
 of each class it holds. Nothing in a reply is trusted: a malformed summary or a second claim on
 a partition refuses that node (logged, never sampled), and the run goes on with the others.
+With an owners file (node authentication: a node id stands for a registered key) a node may
+claim only the partition its key was given, and no more examples than declared for it; without
+one, the first node to claim a partition keeps it.
 
 Nodes are asked in batches, with a progress line when there are many. (In simulation there is
 no survey: the server assigns the partitions, see simulated.py.)
@@ -18,18 +21,20 @@ from flwr.serverapp import Grid
 from flwr.supercore import log
 
 from driftfl.common.errors import ConfigError
+from driftfl.common.owners import MAX_EXAMPLES, OWN_DATA, Owner, partition_name
 from driftfl.common.protocol import (CONFIG, DATA_SUMMARY, DATASET_META, LABEL_HISTOGRAM,
                                      METRICS, NUM_EXAMPLES, PARTITION_ID, DatasetMeta)
 from driftfl.strategies.base import wait_for_nodes
 
-OWN_DATA = -1  # the partition id of a node that trains on its own folder or file
 BATCH = 1000  # nodes asked at once: bounds the messages in flight and paces the progress line
 
 
 def survey_clients(grid: Grid, experiment_record: ConfigRecord, expected: int,
-                   node_wait: float, timeout: float) -> list[dict]:
+                   node_wait: float, timeout: float,
+                   owners: dict[int, Owner] | None = None) -> list[dict]:
     """Each accepted node's node_id, partition_id, num_examples and label_histogram, by
-    partition. A node that cannot read its data fails the run here, with its reason."""
+    partition. A node that cannot read its data fails the run here, with its reason.
+    ``owners``: node id -> what its key holds (the owners file), None: first claimant."""
     nodes = wait_for_nodes(grid, expected, timeout=node_wait)
     replies, started = [], time.monotonic()
     for first in range(0, len(nodes), BATCH):
@@ -49,7 +54,7 @@ def survey_clients(grid: Grid, experiment_record: ConfigRecord, expected: int,
         if len(nodes) > BATCH:
             print(f"data survey: {len(replies)} of {len(nodes)} nodes answered "
                   f"({time.monotonic() - started:.0f} s)", flush=True)
-    clients = admit(replies, experiment_record, expected, claimed={})
+    clients = admit(replies, experiment_record, expected, claimed={}, owners=owners)
     if not clients:
         raise ConfigError("no node gave a usable data summary; see the warnings above")
     return clients
@@ -76,16 +81,19 @@ def ask_summaries(grid: Grid, experiment_record: ConfigRecord, nodes: list[int],
 
 
 def admit(replies: list[Message], experiment_record: ConfigRecord, expected: int,
-          claimed: dict[int, int]) -> list[dict]:
+          claimed: dict[int, int], owners: dict[int, Owner] | None = None) -> list[dict]:
     """The clients whose summaries can be used, by partition. ``claimed`` (partition id ->
     node id, updated here) holds the partitions already taken: in arrival order, the first
-    to claim a partition keeps it."""
+    to claim a partition keeps it. ``owners`` (node id -> Owner), when given, also binds each
+    node to its key's partition and declared count."""
     num_classes = len(DatasetMeta.from_json(str(experiment_record[DATASET_META])).classes)
     clients = []
     for reply in replies:
         node = reply.metadata.src_node_id
         summary = (f"error reply: {reply.error.reason}" if reply.has_error()
                    else check_summary(reply, num_classes, expected))
+        if isinstance(summary, dict) and owners is not None:
+            summary = owner_problem(summary, owners.get(node)) or summary
         if isinstance(summary, dict) and summary["partition_id"] in claimed:
             summary = (f"claims partition {summary['partition_id']}, which node "
                        f"{claimed[summary['partition_id']]} holds")
@@ -108,11 +116,26 @@ def check_summary(reply: Message, num_classes: int, num_partitions: int) -> dict
     if not isinstance(partition, int) or not OWN_DATA <= partition < num_partitions:
         return (f"'{PARTITION_ID}' is {partition!r}; expected {OWN_DATA} (own data) or "
                 f"0..{num_partitions - 1}")
-    if not isinstance(n, int) or n < 1:
-        return f"'{NUM_EXAMPLES}' is {n!r}; expected a positive count"
+    if not isinstance(n, int) or not 1 <= n <= MAX_EXAMPLES:
+        return f"'{NUM_EXAMPLES}' is {n!r}; expected a count from 1 to {MAX_EXAMPLES:.0e}"
     if (not isinstance(histogram, list) or len(histogram) != num_classes
             or not all(isinstance(h, int) and h >= 0 for h in histogram)):
         return f"'{LABEL_HISTOGRAM}' is not {num_classes} non-negative counts"
     if sum(histogram) != n:
         return f"its label histogram sums to {sum(histogram)}, not to its {n} examples"
     return {"partition_id": partition, "num_examples": n, "label_histogram": histogram}
+
+
+def owner_problem(summary: dict, owner: Owner | None) -> str | None:
+    """Why the owners file forbids this node's summary (None: it allows it)."""
+    claim = partition_name(summary["partition_id"])
+    if owner is None:
+        return (f"claims {claim}, but its node id has no entry in the owners file (a key "
+                "registered without `driftfl secure register`?)")
+    if summary["partition_id"] != owner.partition:
+        return f"claims {claim}; the owners file gives its key {owner.key} " \
+               f"{partition_name(owner.partition)}"
+    if owner.num_examples is not None and summary["num_examples"] > owner.num_examples:
+        return (f"claims {summary['num_examples']} examples; the owners file declares "
+                f"{owner.num_examples} for its key {owner.key}")
+    return None

@@ -23,7 +23,7 @@ import math
 import random
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from logging import INFO, WARNING
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -85,14 +85,15 @@ class DriftStrategy(FedAvg):
                  aggregation: Aggregation | None = None, objective: str = "ce",
                  round_timeout: float = 3600.0, max_update_ratio: float = 10.0,
                  max_peer_ratio: float = 10.0, local_training: TrainSettings | None = None,
-                 **kwargs) -> None:
+                 max_examples_ratio: float = math.inf, **kwargs) -> None:
         super().__init__(**kwargs)  # Flower's own settings (fraction_train, ...)
         self.assemble(selection, aggregation, objective, round_timeout, max_update_ratio,
-                      max_peer_ratio, local_training)
+                      max_peer_ratio, local_training, max_examples_ratio)
 
     def assemble(self, selection: Selection | None, aggregation: Aggregation | None,
                  objective: str, round_timeout: float, max_update_ratio: float,
-                 max_peer_ratio: float, local_training: TrainSettings | None) -> None:
+                 max_peer_ratio: float, local_training: TrainSettings | None,
+                 max_examples_ratio: float) -> None:
         """Take the parts, and start with no state."""
         self.selection = selection or Selection()
         self.aggregation = aggregation or Aggregation()
@@ -106,6 +107,9 @@ class DriftStrategy(FedAvg):
         # how the clients train: a reply's local-steps must be what it makes of its examples
         # (FedNova and SCAFFOLD scale by it); None: not checked (unit tests' bare strategies)
         self.local_training = local_training
+        # a reply weighs as at most this many times the median surveyed example count
+        # (``weight_cap``): deployment's nodes claim their counts; inf: never capped
+        self.max_examples_ratio = max_examples_ratio
         self.node_rank: dict[int, int] = {}  # node id -> partition id (data survey)
         self.surveyed: dict[int, int] | None = None  # node id -> num_examples (data survey)
         self.histograms: dict[int, np.ndarray] = {}  # node id -> label histogram (data survey)
@@ -121,9 +125,11 @@ class DriftStrategy(FedAvg):
 
     @classmethod
     def from_config(cls, cfg: ExperimentConfig, model: nn.Module,
-                    aux_set: AuxSet | None = None) -> DriftStrategy:
+                    aux_set: AuxSet | None = None, deployed: bool = False) -> DriftStrategy:
         """This strategy for a checked experiment (``driftfl.methods.check_experiment``);
-        ``aux_set`` is the server's held-back set, for strategies that measure models on it."""
+        ``aux_set`` is the server's held-back set, for strategies that measure models on it.
+        ``deployed``: the nodes claim their example counts, so max_examples_ratio caps their
+        weights (in simulation the server assigns the partitions: nothing to cap)."""
         flwr_logger = logging.getLogger("flwr")
         level = flwr_logger.level
         flwr_logger.setLevel(logging.ERROR)  # Flower warns of settings chosen on purpose (mu=0)
@@ -134,6 +140,7 @@ class DriftStrategy(FedAvg):
                        max_update_ratio=cfg.max_update_ratio,
                        max_peer_ratio=cfg.max_peer_ratio,
                        local_training=TrainSettings.local_stage(cfg),
+                       max_examples_ratio=cfg.max_examples_ratio if deployed else math.inf,
                        fraction_train=cfg.fraction, fraction_evaluate=cfg.fraction_evaluate,
                        min_train_nodes=1, min_evaluate_nodes=0,
                        min_available_nodes=cfg.num_clients,
@@ -204,6 +211,27 @@ class DriftStrategy(FedAvg):
         """The examples the data survey found on this node: the most a reply may claim
         (unbounded before a survey, in unit tests; 0 for a node the survey refused)."""
         return math.inf if self.surveyed is None else self.surveyed.get(node, 0)
+
+    def weight_cap(self) -> float:
+        """The most examples a reply weighs as: max_examples_ratio x the median of the data
+        survey's counts (inf before a survey or without a cap)."""
+        if self.surveyed is None or not self.surveyed or math.isinf(self.max_examples_ratio):
+            return math.inf
+        return self.max_examples_ratio * float(np.median(list(self.surveyed.values())))
+
+    def capped(self, updates: list[ClientUpdate]) -> list[ClientUpdate]:
+        """The updates with num-examples at most ``weight_cap``: every weight (FedAvg's,
+        FedNova's, FedDisco's, Krum's, the metrics' means) is formed from it."""
+        cap, out = self.weight_cap(), []
+        for update in updates:
+            if update.num_examples > cap:
+                log(WARNING, "round reply from %s weighs as %.12g examples, not its %.12g "
+                    "(max_examples_ratio=%g x the survey's median count)",
+                    self.describe(update.node_id), cap, update.num_examples,
+                    self.max_examples_ratio)
+                update = replace(update, metrics={**update.metrics, NUM_EXAMPLES: cap})
+            out.append(update)
+        return out
 
     def describe(self, node: int) -> str:
         partition = self.node_rank.get(node, -1)
@@ -277,7 +305,7 @@ class DriftStrategy(FedAvg):
         self.report = report
         updates = self.peer_screen(updates, "update", lambda u: guard.distance(
             u.arrays, self.global_arrays))
-        updates = self.screen(updates)
+        updates = self.capped(self.screen(updates))
         report.clients = len(updates)
         self.last_updates = updates
         return updates
@@ -431,7 +459,8 @@ class DriftStrategy(FedAvg):
         surveyed = self.survey_count(msg.metadata.src_node_id)
         if not isinstance(n, float) or not 0 < n <= surveyed:
             return f"'{NUM_EXAMPLES}' is {n}; expected 1..{surveyed} (the data survey's count)"
-        return n, {k: v for k, v in metrics.items() if isinstance(v, float)}
+        return min(n, self.weight_cap()), {k: v for k, v in metrics.items()
+                                           if isinstance(v, float)}
 
 
 class FlowerFirst:
@@ -443,10 +472,10 @@ class FlowerFirst:
                  aggregation: Aggregation | None = None, objective: str = "ce",
                  round_timeout: float = 3600.0, max_update_ratio: float = 10.0,
                  max_peer_ratio: float = 10.0, local_training: TrainSettings | None = None,
-                 **kwargs) -> None:
+                 max_examples_ratio: float = math.inf, **kwargs) -> None:
         super().__init__(**kwargs)
         self.assemble(selection, aggregation, objective, round_timeout, max_update_ratio,
-                      max_peer_ratio, local_training)
+                      max_peer_ratio, local_training, max_examples_ratio)
 
 
 def wait_for_nodes(grid: Grid, minimum: int, timeout: float = math.inf,

@@ -1,0 +1,210 @@
+"""Identity binds partitions, and no client outweighs the rest by claiming (issue 27).
+
+With an owners file (node id -> key, partition, declared examples) the data survey accepts from
+a node only its key's partition: a squatter that answers before the owner, a node the file does
+not know and a node claiming more than declared are refused. Without declared counts a reply
+weighs as at most max_examples_ratio x the survey's median count."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import numpy as np
+import pytest
+import torch
+from flwr.app import ConfigRecord, Message, MetricRecord, RecordDict
+
+from driftfl.common.config import compose
+from driftfl.common.errors import ConfigError
+from driftfl.common.owners import MAX_EXAMPLES, Owner, read_owners, write_owners
+from driftfl.common.protocol import DATASET_META, METRICS, NUM_EXAMPLES
+from driftfl.deploy.register import merged, planned_owners
+from driftfl.methods import build_strategy, check_experiment
+from driftfl.server.app import experiment_owners
+from driftfl.server.roster import Roster
+from driftfl.server.survey import survey_clients
+from driftfl.strategies import FedAvg
+from test_deploy import _driftfl, _one_line_error
+from test_reply_checks import (META, ScriptedGrid, metadata, summary_reply, surveyed,
+                               train_reply)
+from test_roster import CLIENTS, ChangingGrid
+
+OWNERS = {11: Owner("node-0.key.pub", 0), 12: Owner("node-1.key.pub", 1),
+          13: Owner("node-2.key.pub", 2, num_examples=5), 14: Owner("lab.key.pub", -1)}
+
+
+@pytest.fixture(autouse=True)
+def _task(server_task):  # the survey creates messages
+    yield
+
+
+def survey(replies, owners=None):
+    return survey_clients(ScriptedGrid(replies), ConfigRecord({DATASET_META: META}),
+                          len(replies), node_wait=5, timeout=5, owners=owners)
+
+
+def admitted(clients):
+    return [(c["node_id"], c["partition_id"]) for c in clients]
+
+
+def test_with_owners_a_node_gets_only_its_keys_partition_even_before_the_owner(caplog):
+    replies = [summary_reply(13, 0, 5, [2, 3, 0]),  # the squatter answers first, with n = 5
+               summary_reply(11, 0, 5, [2, 3, 0]),  # partition 0's owner
+               summary_reply(99, 1, 5, [5, 0, 0]),  # a node the owners file does not know
+               summary_reply(12, 1, 4, [4, 0, 0]),
+               summary_reply(14, -1, 3, [1, 1, 1])]  # own data, as its entry says
+    with caplog.at_level(logging.WARNING, logger="flwr"):
+        assert admitted(survey(replies, OWNERS)) == [(14, -1), (11, 0), (12, 1)]
+    assert "node 13 refused: claims partition 0; the owners file gives its key " \
+           "node-2.key.pub partition 2" in caplog.text
+    assert "node 99 refused: claims partition 1, but its node id has no entry in the " \
+           "owners file" in caplog.text
+    # without an owners file the first claimant keeps it: the squatter wins (README says so)
+    assert admitted(survey(replies)) == [(14, -1), (13, 0), (99, 1)]
+
+
+def test_a_claim_over_the_declared_count_or_a_sane_bound_is_refused(caplog):
+    owners = [summary_reply(11, 0, 5, [5, 0, 0]), summary_reply(12, 1, 4, [4, 0, 0])]
+    with caplog.at_level(logging.WARNING, logger="flwr"):
+        assert admitted(survey([*owners, summary_reply(13, 2, 6, [6, 0, 0])], OWNERS)) == [
+            (11, 0), (12, 1)]
+    assert "claims 6 examples; the owners file declares 5 for its key node-2.key.pub" \
+           in caplog.text
+    assert admitted(survey([*owners, summary_reply(13, 2, 5, [5, 0, 0])], OWNERS)) == [
+        (11, 0), (12, 1), (13, 2)]
+    # the probe's 1e15 and 1e18, accepted before; the bound itself still is
+    clients = survey([summary_reply(21, 0, 10**15, [10**15, 0, 0]),
+                      summary_reply(22, 1, 10**18, [0, 10**18, 0]),
+                      summary_reply(23, 2, MAX_EXAMPLES, [0, 0, MAX_EXAMPLES])])
+    assert admitted(clients) == [(23, 2)]
+
+
+def test_with_owners_a_newcomer_cannot_take_a_lost_clients_partition():
+    """Without owners a node that connects later takes a lost client's partition (a restarted
+    SuperNode without a key); with owners only the key's own node id holds it."""
+    owners = {10 + p: Owner(f"node-{p}.key.pub", p) for p in range(3)}
+    grid = ChangingGrid([10, 11, 99], [summary_reply(99, 2, 5, [1, 1, 3])])
+    roster = Roster(grid, ConfigRecord({DATASET_META: META}), CLIENTS, num_partitions=3,
+                    min_clients=1, rejoin_wait=0.0, timeout=5, poll=0.01, owners=owners,
+                    on_change=lambda clients, moved: pytest.fail("nobody may rejoin"))
+    assert roster.nodes(3, lost=[12]) == [10, 11] and grid.asked == [99]
+
+
+def test_a_claimed_count_weighs_at_most_max_examples_ratio_times_the_median(caplog):
+    """Nine honest clients of 100 examples and a liar that claimed 1e6 in the survey (nothing
+    declared), its reply matching: its share of FedAvg's mean is 10 / (10 + K - 1) with K = 10
+    clients, 52.6 %, where uncapped it was 99.9 %."""
+    clients = [{"node_id": n, "partition_id": n, "num_examples": 100} for n in range(1, 10)]
+    clients.append({"node_id": 10, "partition_id": 10, "num_examples": 10**6})
+    shares = {}
+    for ratio in (10.0, float("inf")):
+        strategy = surveyed(FedAvg(max_examples_ratio=ratio), clients)
+        replies = [train_reply(n, [2.0, 2.0], n=100) for n in range(1, 10)]
+        with caplog.at_level(logging.WARNING, logger="flwr"):
+            arrays, metrics = strategy.aggregate_train(
+                1, [*replies, train_reply(10, [3.0, 3.0], n=10**6)])
+        shares[ratio] = float(arrays["w"].numpy()[0]) - 2.0  # honest 2, liar 3: its weight
+    assert shares[10.0] == pytest.approx(10 / 19, abs=1e-6)  # 0.526
+    assert shares[float("inf")] == pytest.approx(10**6 / (10**6 + 900), abs=1e-6)
+    assert "partition 10 (node 10) weighs as 1000 examples, not its 1000000" in caplog.text
+    # the mean of the evaluation replies too: nine at accuracy 0, the liar's 1
+    strategy = surveyed(FedAvg(max_examples_ratio=10.0), clients)
+    metrics = strategy.aggregate_evaluate(1, [
+        Message(metadata=metadata(n, "evaluate"), content=RecordDict({METRICS: MetricRecord(
+            {NUM_EXAMPLES: 10**6 if n == 10 else 100, "local-accuracy": float(n == 10)})}))
+        for n in range(1, 11)])
+    assert metrics["local-accuracy"] == pytest.approx(10 / 19)
+
+
+def test_the_cap_is_deployments_only_and_an_honest_federation_never_meets_it():
+    for method in ("fedavg", "fedprox"):  # DriftStrategy's own, and one of Flower's first
+        cfg = check_experiment(compose([f"strategy={method}"]))
+        assert build_strategy(cfg, torch.nn.Linear(2, 2)).max_examples_ratio == float("inf")
+        assert build_strategy(cfg, torch.nn.Linear(2, 2),
+                              deployed=True).max_examples_ratio == 10
+    # clients of ordinary, unequal sizes: the weights are n_k / sum n, untouched
+    strategy = surveyed(FedAvg(max_examples_ratio=10.0), [
+        {"node_id": n, "partition_id": n, "num_examples": 50 * n} for n in (1, 2, 3)])
+    arrays, _ = strategy.aggregate_train(1, [train_reply(n, [float(n)] * 2, n=50 * n)
+                                             for n in (1, 2, 3)])
+    assert np.allclose(arrays["w"].numpy(), (1 * 1 + 2 * 2 + 3 * 3) / 6)
+
+
+def test_owners_files_that_cannot_be_used_get_one_line_before_anything_runs(tmp_path):
+    path = tmp_path / "owners.json"
+    cases = [
+        (None, "does not exist; `driftfl secure register` writes it"),
+        ("{", "cannot be read as JSON"),
+        ("[]", "is not a JSON object of node id -> key and partition"),
+        ('{"x1": {"key": "a", "partition": 0}}', "node x1: is not a node id"),
+        ('{"5": {"key": "a"}}', 'node 5: expected {"key": "<file>.key.pub", "partition"'),
+        ('{"5": {"key": "a", "partition": 0, "owner": 1}}', "unknown field(s) owner"),
+        ('{"5": {"key": "a", "partition": 3}}', "'partition' is 3; expected -1 (own data) or "
+                                                "0..2 (num_clients)"),
+        ('{"5": {"key": "a", "partition": 0, "num-examples": 1000000000000000}}',
+         "'num-examples' is 1000000000000000; expected a count from 1 to 1e+08"),
+        ('{"5": {"key": "a", "partition": 0}, "6": {"key": "b", "partition": 0}}',
+         "partition 0 is given to both node 5 (a) and node 6 (b); give each partition to one "
+         "key"),
+        ('{"5": {"key": "a", "partition": 0}, "6": {"key": "a", "partition": 1}}',
+         "key a is given to both node 5 (a) and node 6 (a)"),
+    ]
+    for text, says in cases:
+        path.unlink(missing_ok=True)
+        if text is not None:
+            path.write_text(text)
+        with pytest.raises(ConfigError) as refused:
+            read_owners(path, 3)
+        assert says in str(refused.value) and "\n" not in str(refused.value), text
+    # a simulation assigns partitions itself: owners= there is a mistake, said at once
+    with pytest.raises(ConfigError, match="owners= binds deployed nodes to partitions"):
+        experiment_owners(compose([f"owners={path}"]), deployed=False)
+    write_owners(path, OWNERS)
+    assert experiment_owners(compose([f"owners={path}"]), deployed=True) == OWNERS
+
+
+def test_register_plans_each_keys_partition_and_refuses_what_it_cannot_place(tmp_path):
+    keys = [tmp_path / "node-0.key.pub", tmp_path / "node-3.key.pub", tmp_path / "lab.key.pub"]
+    planned = planned_owners(keys, ["lab.key.pub=own", "node-3.key.pub=1"],
+                             ["node-0.key.pub=600"])
+    assert planned == {"node-0.key.pub": Owner("node-0.key.pub", 0, 600),
+                       "node-3.key.pub": Owner("node-3.key.pub", 1),
+                       "lab.key.pub": Owner("lab.key.pub", -1)}
+    for partitions, examples, says in [
+            ([], [], "which partition does lab.key.pub hold? say --partition lab.key.pub=P"),
+            (["lab.key.pub=1", "node-9.key.pub=2"], [], "--partition node-9.key.pub=2: "
+                                                        "node-9.key.pub is not among the keys"),
+            (["lab.key.pub=x"], [], "--partition lab.key.pub=x: expected a partition id"),
+            (["lab.key.pub=2"], ["lab.key.pub=0"], "--examples lab.key.pub=0: expected a "
+                                                   "positive count")]:
+        with pytest.raises(ConfigError, match=says.replace("?", r"\?")):
+            planned_owners(keys, partitions, examples)
+    # a key registered again replaces its old entry; a partition taken by another key is not
+    old = {7: Owner("node-0.key.pub", 0), 8: Owner("node-1.key.pub", 1)}
+    assert merged(old, {9: Owner("node-0.key.pub", 0)}) == {8: old[8],
+                                                            9: Owner("node-0.key.pub", 0)}
+    with pytest.raises(ConfigError, match="partition 1 is given to both node 8"):
+        merged(old, {9: Owner("node-5.key.pub", 1)})
+
+
+def test_register_says_what_is_wrong_in_one_line_before_calling_flower(tmp_path):
+    from driftfl.deploy.credentials import make_credentials
+
+    make_credentials(tmp_path / "keys", [], nodes=2)
+    key = str(tmp_path / "keys" / "node-0.key.pub")
+    _one_line_error(_driftfl("secure", "register", "no-such-connection", key,
+                             "--partition", "node-1.key.pub=1"),
+                    "--partition node-1.key.pub=1: node-1.key.pub is not among the keys")
+    # a partition another key holds in the owners file already, or two keys one partition
+    owners = tmp_path / "keys" / "owners.json"
+    owners.write_text(json.dumps({"5": {"key": "node-1.key.pub", "partition": 0}}))
+    _one_line_error(_driftfl("secure", "register", "no-such-connection", key),
+                    f"node-0.key.pub would hold partition 0, which node-1.key.pub (node 5) in "
+                    f"{owners} holds; give it another with --partition node-0.key.pub=P")
+    owners.unlink()
+    _one_line_error(_driftfl("secure", "register", "no-such-connection", key,
+                             key.replace("node-0", "node-1"), "--partition",
+                             "node-1.key.pub=0"),
+                    "node-1.key.pub would hold partition 0, which node-0.key.pub holds")
+    assert not owners.exists()
