@@ -7,15 +7,16 @@ message then carries, for its node k, P = sum_{j != k} F_j and Q = sum_{j != k} 
 node's own terms are left out by the server, which knows exactly which of them it holds.
 
 The terms are guarded like the model (guard.py). A reply is rejected when ||F_k|| is over
-max_peer_ratio x the lower median of (a) the round's replies' ||F_j|| and (b) every node's
-latest ||F_j|| with this round's replies in place of their nodes' old ones: the sums span every
-node ever accepted, so a round with few replies (or the attacker alone) is held to the stored
-terms too. The new sums P_all = sum_j F_j and Q_all = sum_j F_j * w_j replace the old only when
-finite and moved by at most max_update_ratio x max(1, their old norm) (from the first accepted
-round on; before it the screens alone bound them); else every node keeps its old terms, the
-round's aggregate (plain FedAvg, which passed its own checks) is still used, and the refusal is
-recorded in ``RoundReport.refused_state``. Robust aggregations change nothing here: each node's
-terms are kept apart, not averaged, and the screens bound each one against its peers.
+max_peer_ratio^2 (F is quadratic in the gradients) x the lower median of (a) the round's
+replies' ||F_j|| and (b) every node's latest ||F_j|| with this round's replies in place of their
+nodes' old ones: the sums span every node ever accepted, so a round with few replies (or the
+attacker alone) is held to the stored terms too. The new sums P_all = sum_j F_j and
+Q_all = sum_j F_j * w_j replace the old only when finite and moved by at most
+max_update_ratio x max(1, their old norm) (from the first accepted round on; before it the
+screens alone bound them); else every node keeps its old terms, the round's aggregate (plain
+FedAvg, which passed its own checks) is still used, and the refusal is recorded in
+``RoundReport.refused_state``. Robust aggregations change nothing here: each node's terms are
+kept apart, not averaged, and the screens bound each one against its peers.
 """
 
 from __future__ import annotations
@@ -91,17 +92,18 @@ class FedCurv(DriftStrategy):
         return None
 
     def screen(self, updates):
+        # F_k is quadratic in the gradients: honest non-IID clients' norms spread as the
+        # square of their updates' (13x seen among three CNN clients), hence max_peer_ratio^2
         size = lambda u: guard.norm(self.checked[u.node_id])
-        updates = self.peer_screen(updates, FISHER, size)
+        updates = self.peer_screen(updates, FISHER, size, power=2)
         kept = {**self.norms, **{u.node_id: size(u) for u in updates}}
-        bound = self.max_peer_ratio * guard.lower_median(list(kept.values()))
+        median = guard.lower_median(list(kept.values()))
         for u in updates:
-            if not kept[u.node_id] <= bound:
+            if not kept[u.node_id] <= self.max_peer_ratio ** 2 * median:
                 self.record_rejection(self.report, u.node_id, (
-                    f"its {FISHER}'s norm {kept[u.node_id]:.3g} is over max_peer_ratio="
-                    f"{self.max_peer_ratio:g} x the kept nodes' median "
-                    f"{bound / self.max_peer_ratio:.3g}"))
-        return [u for u in updates if kept[u.node_id] <= bound]
+                    f"its {FISHER}'s norm {kept[u.node_id]:.3g} is over {self.ratio_text(2)} "
+                    f"x the kept nodes' median {median:.3g}"))
+        return [u for u in updates if kept[u.node_id] <= self.max_peer_ratio ** 2 * median]
 
     def configure_train(self, server_round, arrays, config, grid):
         # the sums over every node's latest terms, once a round
