@@ -138,6 +138,7 @@ class Scaffold(DriftStrategy):
         arrays, metrics = super().aggregate_train(server_round, replies)
         if arrays is not None:  # c moves only with an accepted aggregate
             deltas = [self.deltas[u.node_id] for u in self.last_updates]
+            self.deltas = {}  # scratch: a checkpoint need not keep them
             if self.aggregation.robust:  # one huge Delta c_k counts as little as in the model
                 combined = self.aggregation.combine(deltas, np.ones(len(deltas)))
                 control = {k: c + len(deltas) / self.num_clients * combined[k]
