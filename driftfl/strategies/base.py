@@ -316,17 +316,23 @@ class DriftStrategy(FedAvg):
         log(WARNING, "round reply from %s rejected: %s", self.describe(node), reason)
 
     def peer_screen(self, updates: list[ClientUpdate], what: str,
-                    size: Callable[[ClientUpdate], float]) -> list[ClientUpdate]:
-        """The updates whose ``what`` (its norm, ``size``) is within ``max_peer_ratio`` x the
-        round's lower median of the same; the others are rejected like a failed check."""
+                    size: Callable[[ClientUpdate], float], power: int = 1
+                    ) -> list[ClientUpdate]:
+        """The updates whose ``what`` (its norm, ``size``) is within ``max_peer_ratio`` (to the
+        ``power``: 2 for a payload quadratic in the gradients) x the round's lower median of the
+        same; the others are rejected like a failed check."""
         sizes = [size(u) for u in updates]
-        outliers, bound = guard.peer_outliers(sizes, self.max_peer_ratio)
+        ratio = self.max_peer_ratio ** power
+        outliers, bound = guard.peer_outliers(sizes, ratio)
         for i in outliers:
             self.record_rejection(
                 self.report, updates[i].node_id,
-                f"its {what}'s norm {sizes[i]:.3g} is over max_peer_ratio={self.max_peer_ratio:g}"
-                f" x the round's median {bound / self.max_peer_ratio:.3g}")
+                f"its {what}'s norm {sizes[i]:.3g} is over {self.ratio_text(power)}"
+                f" x the round's median {bound / ratio:.3g}")
         return [u for i, u in enumerate(updates) if i not in outliers]
+
+    def ratio_text(self, power: int = 1) -> str:
+        return f"max_peer_ratio={self.max_peer_ratio:g}" + (f"^{power}" if power != 1 else "")
 
     def screen(self, updates: list[ClientUpdate]) -> list[ClientUpdate]:
         """A method's screens of its own payloads against the round's peers (``peer_screen``),

@@ -6,6 +6,14 @@ for the trainable parameters (buffers stay as the aggregation made them), K = nu
 h = 0 at the start. alpha = 0: no correction, h stays 0 (FedDyn is then FedAvg). The corrected
 model passes the same checks as any aggregate (``refuse_aggregate``); if it is refused the
 global model stays and h is left as it was.
+
+h is fed by the accepted models only, whose updates the base strategy already screens against
+the round's peers (max_peer_ratio). A new h that is not finite or moved more than
+max_update_ratio x max(1, ||h||) is refused like a refused corrected model (which depends on it):
+h and the global model stay, and the refusal is recorded in ``RoundReport.refused_state``. Under
+a robust aggregation the updates feed h through the same rule, uniformly:
+  h <- h - alpha (|S|/K) combine_k(w_k - w_G);
+under a plain one the sum above is used unchanged.
 """
 
 from __future__ import annotations
@@ -56,9 +64,20 @@ class FedDyn(DriftStrategy):
         arrays, metrics = super().aggregate_train(server_round, replies)
         if arrays is None or self.alpha == 0:
             return arrays, metrics
-        h = self.h or {k: np.zeros(self.global_arrays[k].shape) for k in self.param_keys}
-        h = next_h(h, [u.arrays for u in self.last_updates], self.global_arrays, self.alpha,
-                   self.num_clients)
+        old = self.h or {k: np.zeros(self.global_arrays[k].shape) for k in self.param_keys}
+        if self.aggregation.robust:  # an outlying model moves h as little as the aggregate
+            moves = [{k: u.arrays[k].astype(np.float64) - self.global_arrays[k] for k in old}
+                     for u in self.last_updates]
+            combined = self.aggregation.combine(moves, np.ones(len(moves)))
+            scale = self.alpha * len(moves) / self.num_clients
+            h = {k: v - scale * combined[k] for k, v in old.items()}
+        else:
+            h = next_h(old, [u.arrays for u in self.last_updates], self.global_arrays,
+                       self.alpha, self.num_clients)
+        problem = self.state_problem(h, old)
+        if problem:  # the corrected model would carry it
+            self.refuse_state(server_round, "FedDyn's h", problem)
+            return None, None
         corrected = corrected_model(self.last_aggregate, h, self.alpha)
         refused = self.refuse_aggregate(corrected)
         if refused:

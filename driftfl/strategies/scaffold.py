@@ -8,6 +8,14 @@ K = num_clients. A client's Delta c_k = -c + (w_G - w_k) / (a_k lr) does not dep
 c_k, so the server recomputes it (float64) from the reply's own model and local-steps and
 refuses a reply whose Delta c_k is off by more than CONTROL_TOLERANCE; a refused reply touches
 neither c nor the global model, and a round whose aggregate is refused leaves c as it was.
+
+c is guarded like the model (guard.py): a reply whose ||Delta c_k|| is over max_peer_ratio x the
+round's lower median is rejected (``screen``), and a new c that is not finite or moved more than
+max_update_ratio x max(1, ||c||) is refused: c stays, the round's aggregate (which passed its
+own checks) is still used, and the refusal is recorded in ``RoundReport.refused_state``. Under a
+robust aggregation the Delta c_k are combined by the same rule, uniformly:
+  c <- c + (|S|/K) combine_k(Delta c_k);
+under a plain one the formula above is used unchanged.
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ from flwr.app import Message
 from driftfl.common.protocol import CONTROL, CONTROL_DELTA, LOCAL_STEPS
 from driftfl.common.sgd import nova_normaliser
 
+from . import guard
 from .aggregation import ClientUpdate, to_record
 from .base import DriftStrategy
 
@@ -83,6 +92,7 @@ class Scaffold(DriftStrategy):
         self.lr, self.momentum, self.divisor = lr, momentum, divisor
         self.control: dict[str, np.ndarray] | None = None  # c, float64
         self.sent: dict[str, np.ndarray] = {}  # c as this round sent it (the model's dtype)
+        self.deltas: dict[int, dict[str, np.ndarray]] = {}  # this round's checked Delta c_k
 
     @classmethod
     def arguments(cls, settings, *, model, aux_set, experiment, **_):
@@ -116,15 +126,30 @@ class Scaffold(DriftStrategy):
         if not error <= CONTROL_TOLERANCE * size:
             return (f"'{CONTROL_DELTA}' differs from -c + (w_G - w_k)/(a_k lr) of its own "
                     f"model by {error:.3g} (allowed {CONTROL_TOLERANCE:g} x {size:.3g})")
+        self.deltas[update.node_id] = delta
         return None
 
+    def screen(self, updates):
+        return self.peer_screen(updates, CONTROL_DELTA,
+                                lambda u: guard.norm(self.deltas[u.node_id]))
+
     def aggregate_train(self, server_round, replies):
+        self.deltas = {}
         arrays, metrics = super().aggregate_train(server_round, replies)
         if arrays is not None:  # c moves only with an accepted aggregate
-            params = {k: self.global_arrays[k] for k in self.param_keys}
-            self.control = update_control(
-                self.control, [read_control_delta(u.message, params) for u in self.last_updates],
-                self.num_clients)
+            deltas = [self.deltas[u.node_id] for u in self.last_updates]
+            self.deltas = {}  # scratch: a checkpoint need not keep them
+            if self.aggregation.robust:  # one huge Delta c_k counts as little as in the model
+                combined = self.aggregation.combine(deltas, np.ones(len(deltas)))
+                control = {k: c + len(deltas) / self.num_clients * combined[k]
+                           for k, c in self.control.items()}
+            else:
+                control = update_control(self.control, deltas, self.num_clients)
+            problem = self.state_problem(control, self.control)
+            if problem:
+                self.refuse_state(server_round, "SCAFFOLD's c", problem)
+            else:
+                self.control = control
         return arrays, metrics
 
     def server_metrics(self, accuracy_of) -> dict[str, float]:
