@@ -40,7 +40,6 @@ from driftfl.common.errors import ConfigError
 from driftfl.common.protocol import (ARRAYS, CONFIG, LOCAL_STEPS, METHOD, METRICS, NUM_EXAMPLES,
                                      SERVER_ROUND)
 from driftfl.common.settings import Settings
-from driftfl.common.sgd import nova_normaliser
 from driftfl.common.training import TrainSettings
 
 from .aggregation import (Aggregation, ClientUpdate, check_reply, example_weights, mean_metrics,
@@ -304,9 +303,8 @@ class DriftStrategy(FedAvg):
             else:
                 updates.append(checked)
         self.report = report
-        updates = self.peer_screen(updates, "update", lambda u: (
-            guard.distance(u.arrays, self.global_arrays) / self.effective_steps(u)),
-            unit=" per effective step")
+        updates = self.peer_screen(updates, "update", lambda u: guard.distance(
+            u.arrays, self.global_arrays))
         updates = self.capped(self.screen(updates))
         report.clients = len(updates)
         self.last_updates = updates
@@ -318,7 +316,7 @@ class DriftStrategy(FedAvg):
         log(WARNING, "round reply from %s rejected: %s", self.describe(node), reason)
 
     def peer_screen(self, updates: list[ClientUpdate], what: str,
-                    size: Callable[[ClientUpdate], float], power: int = 1, unit: str = ""
+                    size: Callable[[ClientUpdate], float], power: int = 1
                     ) -> list[ClientUpdate]:
         """The updates whose ``what`` (its norm, ``size``) is within ``max_peer_ratio`` (to the
         ``power``: 2 for a payload quadratic in the gradients) x the round's lower median of the
@@ -329,21 +327,9 @@ class DriftStrategy(FedAvg):
         for i in outliers:
             self.record_rejection(
                 self.report, updates[i].node_id,
-                f"its {what}'s norm{unit} {sizes[i]:.3g} is over {self.ratio_text(power)}"
+                f"its {what}'s norm {sizes[i]:.3g} is over {self.ratio_text(power)}"
                 f" x the round's median {bound / ratio:.3g}")
         return [u for i, u in enumerate(updates) if i not in outliers]
-
-    def effective_steps(self, update: ClientUpdate) -> float:
-        """The reply's local steps as FedNova's a_k (momentum included), counting at most the
-        steps of ``weight_cap`` examples: honest updates grow with the steps a client takes
-        (a large partition's is many times a small one's), their length per effective step
-        does not, so peers are compared per step. 1 where the training is not known."""
-        if self.local_training is None:
-            return 1.0
-        steps = update.metrics[LOCAL_STEPS]
-        if math.isfinite(cap := self.weight_cap()):
-            steps = min(steps, self.local_training.steps(cap))
-        return max(1.0, nova_normaliser(steps, self.local_training.momentum))
 
     def ratio_text(self, power: int = 1) -> str:
         return f"max_peer_ratio={self.max_peer_ratio:g}" + (f"^{power}" if power != 1 else "")
