@@ -120,7 +120,7 @@ outsized_row[1] *= 1e3  # class 1, held: 1e3 x the peers'
     ((ghost, [3, 5, 2]), "counts [2] of classes [2] exceed the data survey's [0]"),
     ((ghost, [5, 0, 5]), "counts [5] of classes [2] exceed the data survey's [0]"),
     ((outsized_row, HISTOGRAMS[4]), "its class-1 prototype's norm 2.8e+03 is over "
-                                    "max_peer_ratio=10 x the round's median 2.4"),
+                                    "max_peer_ratio=30 x the round's median 2.4"),
 ])
 def test_fedproto_rejects_prototypes_off_the_survey_or_outsizing_peers(attack, reason,
                                                                         server_task):
@@ -138,6 +138,7 @@ def test_fedproto_bounds_a_lone_holder_by_the_pooled_median_and_then_by_p_g(serv
     """Node 3 alone holds class 2: its class-2 row is measured against the round's lower median
     over all held rows and, once P_G,2 exists, against max_update_ratio x max(1, ||P_G,2||)."""
     strategy, weights = proto_strategy()
+    strategy.max_peer_ratio = 10.0
     rows = honest_rows(3)
     rows[2] *= 30 / 2.6  # norm 30: over 10 x the pooled median 2.4
     proto_round(strategy, 1, weights, {3: (rows, HISTOGRAMS[3])})
@@ -309,7 +310,7 @@ def honest_csd(server_round, nodes=(1, 2, 3)):
     ((ghost[:, :3], [5, 5, 0]), "prototypes of classes [2], which the node does not hold"),
     ((ghost[:, :3], [3, 5, 2]), "counts [2] of classes [2] exceed the data survey's [0]"),
     ((outsized_row[:, :3], HISTOGRAMS[4]), "its class-1 prototype's norm 2.42e+03 is over "
-                                           "max_peer_ratio=10 x the round's median 2.08"),
+                                           "max_peer_ratio=30 x the round's median 2.08"),
 ])
 def test_fedcsd_leaves_a_hostile_prototype_reply_out_of_p_g_and_training(attack, reason,
                                                                           server_task, caplog):
@@ -403,7 +404,7 @@ big[::2] *= -1
     ((big, np.zeros(100, np.int64)), "condensed set holds 100 images of class 0, more than "
                                       "ipc = 2"),  # the probe's set
     ((big[:4], np.array([0, 0, 1, 1])), "its condensed set's largest image norm 2.8e+05 is "
-                                        "over max_peer_ratio=10 x the median 29.1"),
+                                        "over max_peer_ratio=30 x the median 29.1"),
     ((honest_set(1)[0], np.array([0, 0, 7, 7])), "condensed images of classes [7], which the "
                                                  "node does not hold"),
 ])

@@ -91,8 +91,9 @@ class ExperimentConfig(Settings):
     max_update_ratio: float = Field(10.0, gt=0)
     # a client's update, and every payload of its reply that feeds server state (SCAFFOLD's
     # Delta c, Fisher terms, prototypes, ...), may be at most this many times the round's lower
-    # median of the same: one client in the bounds cannot outsize its peers
-    max_peer_ratio: float = Field(10.0, ge=1)
+    # median of the same: one client in the bounds cannot outsize its peers (honest clients
+    # measured up to 15x the lower median under Dir(0.1); 30 leaves them a margin)
+    max_peer_ratio: float = Field(30.0, ge=1)
     # deployment: a client's aggregation weight counts at most this many times the median of
     # the example counts the data survey found (nodes claim their counts there; simulation's
     # are the server's own and never capped), so no client outweighs the rest by claiming

@@ -84,7 +84,7 @@ class DriftStrategy(FedAvg):
     def __init__(self, *, selection: Selection | None = None,
                  aggregation: Aggregation | None = None, objective: str = "ce",
                  round_timeout: float = 3600.0, max_update_ratio: float = 10.0,
-                 max_peer_ratio: float = 10.0, local_training: TrainSettings | None = None,
+                 max_peer_ratio: float = 30.0, local_training: TrainSettings | None = None,
                  max_examples_ratio: float = math.inf, **kwargs) -> None:
         super().__init__(**kwargs)  # Flower's own settings (fraction_train, ...)
         self.assemble(selection, aggregation, objective, round_timeout, max_update_ratio,
@@ -477,7 +477,7 @@ class FlowerFirst:
     def __init__(self, *, selection: Selection | None = None,
                  aggregation: Aggregation | None = None, objective: str = "ce",
                  round_timeout: float = 3600.0, max_update_ratio: float = 10.0,
-                 max_peer_ratio: float = 10.0, local_training: TrainSettings | None = None,
+                 max_peer_ratio: float = 30.0, local_training: TrainSettings | None = None,
                  max_examples_ratio: float = math.inf, **kwargs) -> None:
         super().__init__(**kwargs)
         self.assemble(selection, aggregation, objective, round_timeout, max_update_ratio,
