@@ -340,6 +340,30 @@ def test_fedcsd_keeps_p_g_over_the_bound_and_reports_it_in_the_rounds_row(server
     assert strategy.report.refused_state[0].startswith("FedCSD's prototypes: it would move")
 
 
+@pytest.mark.parametrize("rule", ["aggregation=median", "aggregation=trimmed_mean",
+                                  "aggregation=krum"])
+def test_under_a_robust_rule_fedcsd_combines_the_prototypes_per_class_with_it(rule, server_task):
+    """A row 5 x its peers' (inside the peer bound) moves Eq. 7's mean; under a robust rule P_G,c
+    is that rule's per class (Krum: the median), so the honest rows decide it."""
+    extra = ["aggregation.beta=0.25"] if rule.endswith("trimmed_mean") else []
+    strategy, weights = csd_strategy(rule, *extra)
+    rows = honest_rows(4)[:, :3].copy()
+    rows[1] *= 5
+    messages = csd_phase(strategy, 1, weights, {4: (rows, HISTOGRAMS[4])})
+    assert len(messages) == 4  # every reply passed the checks
+    p_g = strategy.prototypes
+    holders = [n for n in HISTOGRAMS if HISTOGRAMS[n][1] > 0]
+    class_1 = np.stack([(rows if n == 4 else honest_rows(n)[:, :3])[1] for n in holders])
+    assert len(holders) == 4
+    if rule.endswith("trimmed_mean"):  # int(0.25 x 4) = 1 cut at each end of every coordinate
+        expected = np.sort(class_1, axis=0)[1:3].mean(axis=0)
+    else:
+        expected = np.median(class_1, axis=0)
+    np.testing.assert_allclose(p_g[1], expected, rtol=1e-6)
+    # Eq. 7's mean would follow the outsized row: 2.2 per entry against the honest 1.1-1.3
+    assert class_1.mean(axis=0)[0] > 2 and p_g[1].max() < 1.5
+
+
 # --- DCFL: condensed sets and the pre-trained model ---------------------------------------------
 
 # ten classes; node 4, the attacker, holds classes 0 and 1

@@ -14,6 +14,8 @@ prototypes.py's rules (counts within the node's surveyed label histogram, no row
 does not hold, each class's norm within max_peer_ratio x its peers' lower median and within
 max_update_ratio of P_G,c); a new P_G that would move the classes it shares with the old one by
 more than max_update_ratio x their norm is refused, the old one kept (guard.state_problem).
+Under a robust aggregation P_G,c is that rule's combination of the holders' P_k,c (the median
+for Krum, whose kept replies are the model's, chosen after this phase), not Eq. 7's mean.
 """
 
 from __future__ import annotations
@@ -31,7 +33,8 @@ from driftfl.common.protocol import (CONFIG, CSD_PROTOTYPES, PROTOTYPES, PROTOTY
 
 from .aggregation import to_record
 from .base import StrategySettings
-from .prototypes import common_rows, outliers, survey_problem
+from .prototypes import combined, common_rows, outliers, survey_problem
+from .robust import KrumAggregation, MedianAggregation
 from .teacher import EMATeacher
 
 
@@ -125,9 +128,13 @@ class FedCSD(EMATeacher):
         for k, reason in bad.items():
             log(WARNING, "prototype reply from %s rejected: %s", self.describe(nodes[k]), reason)
         usable = [p for k, p in enumerate(usable) if k not in bad]
-        new = global_prototypes(usable, self.num_classes)
-        present = np.any([counts > 0 for _, counts in usable], axis=0) if usable \
-            else np.zeros(self.num_classes, dtype=bool)
+        if self.aggregation.robust and usable:
+            new, present = combined(self.prototype_rule(), usable, self.num_classes,
+                                    self.num_classes, by_counts=False)
+        else:
+            new = global_prototypes(usable, self.num_classes)
+            present = np.any([counts > 0 for _, counts in usable], axis=0) if usable \
+                else np.zeros(self.num_classes, dtype=bool)
         rows = common_rows(new, present, self.prototypes, self.present)
         problem = rows and self.state_problem(*rows)
         if problem:
@@ -135,6 +142,14 @@ class FedCSD(EMATeacher):
         else:
             self.prototypes, self.present = new, present
         return [n for k, n in enumerate(nodes) if k not in bad]
+
+    def prototype_rule(self):
+        """The robust rule that makes P_G of the holders' P_k,c, per class: the experiment's,
+        except Krum, whose kept replies belong to a model aggregate that the prototype phase
+        precedes: the coordinate-wise median stands in for it."""
+        if isinstance(self.aggregation, KrumAggregation):
+            return MedianAggregation()
+        return self.aggregation
 
     def before_train(self, server_round, nodes, config: ConfigRecord, grid):
         if self.local:
