@@ -188,6 +188,15 @@ def follow(args: list[str], env: dict[str, str], verbose: bool) -> bool:
                 flwr.terminate()
 
 
+def start_watchdog(flwr_home: str) -> subprocess.Popen:
+    """A process that ends the run's processes should this one die untidily (SIGKILL): see
+    watchdog.py. In a session of its own, so that Ctrl-C reaches only the launcher."""
+    env = {k: v for k, v in os.environ.items() if k != "FLWR_HOME"}
+    return subprocess.Popen([sys.executable, str(Path(__file__).with_name("watchdog.py")),
+                             str(os.getpid()), flwr_home], env=env, start_new_session=True,
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+
+
 def _exit_on_sigterm(signum, frame):
     raise SystemExit(128 + signum)  # unwinds through `finally`, which stops the SuperLink
 
@@ -235,6 +244,7 @@ def launch_simulation(cfg: ExperimentConfig, overrides: list[str], run_dir: Path
     with tempfile.TemporaryDirectory(prefix="driftfl-flower-") as flwr_home:
         env = flwr_env(flwr_home, cfg.simulation.ray_address)
         superlink, finished = None, False
+        watchdog = start_watchdog(flwr_home)
         try:
             superlink = _start_superlink(flwr_home, env, log_path, resume)
             federation = (f"num_supernodes={cfg.num_clients} "
@@ -255,6 +265,8 @@ def launch_simulation(cfg: ExperimentConfig, overrides: list[str], run_dir: Path
             # SIGTERM (4-6 s of it) is of no use, so the rest is killed after a second
             if superlink:
                 stop(superlink, grace=1 if finished else 15)
+            watchdog.kill()  # nothing of the run is left for it to end
+            watchdog.wait()
     if finished_status(run_dir):
         return 0
     print(f"driftfl: the run did not complete; see the log above and {log_path}."
