@@ -102,8 +102,9 @@ def superlink_error(reply_to="m"):
 def sent_train_messages(strategy, nodes):
     """The round's train messages, given their ids as the grid does when it pushes them."""
     strategy.trained = list(nodes)
-    strategy.sent = [Message(RecordDict(), dst_node_id=n, message_type="train") for n in nodes]
-    for m in strategy.sent:
+    strategy.train_messages = [Message(RecordDict(), dst_node_id=n, message_type="train")
+                               for n in nodes]
+    for m in strategy.train_messages:
         m.metadata.__dict__["_message_id"] = f"sent-to-{m.metadata.dst_node_id}"
 
 

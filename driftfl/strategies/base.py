@@ -118,7 +118,7 @@ class DriftStrategy(FedAvg):
         self.last_aggregate: dict[str, np.ndarray] = {}  # what the aggregation made of it
         self.last_updates: list[ClientUpdate] = []  # the replies that passed the checks
         self.trained: list[int] = []  # the nodes sent this round's train message
-        self.sent: list[Message] = []  # those messages (the grid gives them their ids)
+        self.train_messages: list[Message] = []  # those messages (the grid gives them their ids)
         # deployment: the nodes connected now (grid.get_node_ids), to tell a lost node from a
         # late one; None: simulation, where nodes are never lost
         self.connected: Callable[[], Iterable[int]] | None = None
@@ -253,7 +253,7 @@ class DriftStrategy(FedAvg):
             own = self.node_knowledge(server_round, node)
             messages += self._construct_messages(RecordDict({**shared, **own}) if own else content,
                                                  [node], MessageType.TRAIN)
-        self.sent = messages
+        self.train_messages = messages
         return messages
 
     # -- what comes back -----------------------------------------------------------------
@@ -296,7 +296,7 @@ class DriftStrategy(FedAvg):
         """Of the nodes that sent no reply (``silent``), those lost: named by the SuperLink's
         error reply for an unavailable node (it answers the message sent to it), or no longer
         connected. The others are late: connected, but over round_timeout."""
-        sent_to = {m.metadata.message_id: m.metadata.dst_node_id for m in self.sent
+        sent_to = {m.metadata.message_id: m.metadata.dst_node_id for m in self.train_messages
                    if m.metadata.message_id}
         gone = {sent_to.get(msg.metadata.reply_to_message_id) for msg in replies
                 if msg.has_error() and msg.metadata.src_node_id == SUPERLINK_NODE_ID
