@@ -96,3 +96,13 @@ def test_the_status_rules():
                                                                  "reason": "why"}
     assert run_status([row(0, 0), row(1, 1)], connected=3, min_clients=3) == {
         "status": "completed"}
+
+
+@pytest.mark.parametrize("status, exits_0", [("completed", True), ("incomplete", True),
+                                             ("failed", False), (None, False)])
+def test_driftfl_run_exits_non_zero_for_a_failed_run(tmp_path, status, exits_0):
+    from driftfl.launch import finished_status
+
+    if status:
+        (tmp_path / "summary.json").write_text(json.dumps({"status": status}))
+    assert finished_status(tmp_path) is exits_0
