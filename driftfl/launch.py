@@ -188,6 +188,15 @@ def follow(args: list[str], env: dict[str, str], verbose: bool) -> bool:
                 flwr.terminate()
 
 
+def start_watchdog(flwr_home: str) -> subprocess.Popen:
+    """A process that ends the run's processes should this one die untidily (SIGKILL): see
+    watchdog.py. In a session of its own, so that Ctrl-C reaches only the launcher."""
+    env = {k: v for k, v in os.environ.items() if k != "FLWR_HOME"}
+    return subprocess.Popen([sys.executable, str(Path(__file__).with_name("watchdog.py")),
+                             str(os.getpid()), flwr_home], env=env, start_new_session=True,
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+
+
 def _exit_on_sigterm(signum, frame):
     raise SystemExit(128 + signum)  # unwinds through `finally`, which stops the SuperLink
 
@@ -235,6 +244,7 @@ def launch_simulation(cfg: ExperimentConfig, overrides: list[str], run_dir: Path
     with tempfile.TemporaryDirectory(prefix="driftfl-flower-") as flwr_home:
         env = flwr_env(flwr_home, cfg.simulation.ray_address)
         superlink, finished = None, False
+        watchdog = start_watchdog(flwr_home)
         try:
             superlink = _start_superlink(flwr_home, env, log_path, resume)
             federation = (f"num_supernodes={cfg.num_clients} "
@@ -255,12 +265,22 @@ def launch_simulation(cfg: ExperimentConfig, overrides: list[str], run_dir: Path
             # SIGTERM (4-6 s of it) is of no use, so the rest is killed after a second
             if superlink:
                 stop(superlink, grace=1 if finished else 15)
-    summary = run_dir / "summary.json"
-    if summary.is_file() and json.loads(summary.read_text()).get("status") == "completed":
+            watchdog.kill()  # nothing of the run is left for it to end
+            watchdog.wait()
+    if finished_status(run_dir):
         return 0
     print(f"driftfl: the run did not complete; see the log above and {log_path}."
           f"{resume_hint(run_dir, overrides)}", file=sys.stderr)
     return 1
+
+
+def finished_status(run_dir: Path) -> bool:
+    """Whether the run wrote its results: status completed, or incomplete (it trained, but
+    some round got no usable reply or too few clients were left; the ServerApp printed why).
+    A failed run (no round trained, or stopped) is not."""
+    summary = run_dir / "summary.json"
+    return summary.is_file() and json.loads(summary.read_text()).get("status") in (
+        "completed", "incomplete")
 
 
 def check_connection(name: str) -> None:
@@ -288,8 +308,7 @@ def launch_deployment(cfg: ExperimentConfig, overrides: list[str], run_dir: Path
         print(f"driftfl: stopped following the run; it may go on in the federation "
               f"(flwr ls {cfg.superlink}; flwr stop <run id> {cfg.superlink})", file=sys.stderr)
         raise SystemExit(128 + signal.SIGINT) from None
-    summary = run_dir / "summary.json"
-    if summary.is_file() and json.loads(summary.read_text()).get("status") == "completed":
+    if finished_status(run_dir):
         return 0
     print(f"driftfl: the run did not complete (no summary.json in {run_dir}); if the SuperLink "
           "stopped, start it again with the same --database: the nodes reconnect."

@@ -79,7 +79,7 @@ def test_replies_are_used_in_node_order_not_arrival_order():
     (lambda: reply(9, [1e30, 1.0], n=10), r"update's norm 1e\+30 exceeds the bound 14.1"),
     (lambda: reply(9, [1.0, 1.0], n=10, loss=float("nan")), "metric 'loss' is nan"),
     (lambda: reply(9, [1.0, 1.0], n=10, steps=0), "at least one local step"),
-    (lambda: reply(9, [1.0, 1.0], n=10, per_class=[0.5, float("inf")]), "infinite"),
+    (lambda: reply(9, [1.0, 1.0], n=10, **{"class-alpha": [0.5, float("inf")]}), "infinite"),
 ])
 def test_a_bad_reply_never_touches_the_global_model(bad, reason):
     strategy = started(FedAvg())

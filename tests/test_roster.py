@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from flwr.app import ConfigRecord, Error, Message
+from flwr.app import ConfigRecord, Error, Message, Metadata, RecordDict
 from flwr.common.constant import SUPERLINK_NODE_ID, ErrorCode
 
 from driftfl.common.errors import ConfigError
@@ -90,17 +90,66 @@ def test_a_newcomer_cannot_take_a_partition_a_connected_node_holds():
     assert clients.nodes(3) == [10, 11, 12] and grid.asked == [99]  # refused once, not again
 
 
-def test_a_node_that_sent_nothing_back_is_lost_not_rejected_and_not_used():
+def superlink_error(reply_to="m"):
+    """Flower's error reply for a lost node: from the SuperLink's own node id, in reply to the
+    message sent to that node."""
+    return Message(metadata=Metadata(run_id=1, message_id="", src_node_id=SUPERLINK_NODE_ID,
+                                     dst_node_id=SUPERLINK_NODE_ID, reply_to_message_id=reply_to,
+                                     group_id="", created_at=0.0, ttl=10, message_type="train"),
+                   error=Error(code=ErrorCode.NODE_UNAVAILABLE, reason="unavailable"))
+
+
+def sent_train_messages(strategy, nodes):
+    """The round's train messages, given their ids as the grid does when it pushes them."""
+    strategy.trained = list(nodes)
+    strategy.train_messages = [Message(RecordDict(), dst_node_id=n, message_type="train")
+                               for n in nodes]
+    for m in strategy.train_messages:
+        m.metadata.__dict__["_message_id"] = f"sent-to-{m.metadata.dst_node_id}"
+
+
+def test_a_node_that_sent_nothing_back_and_disconnected_is_lost_not_rejected_and_not_used():
     strategy = surveyed(FedAvg(), CLIENTS)
-    strategy.trained = [10, 11, 12]
-    # Flower's error reply for a lost node comes from the SuperLink's own node id
-    superlink_error = Message(metadata=metadata(SUPERLINK_NODE_ID),
-                              error=Error(code=ErrorCode.NODE_UNAVAILABLE, reason="unavailable"))
+    sent_train_messages(strategy, [10, 11, 12])
+    strategy.connected = lambda: [10, 11]
     updates = strategy.accept([train_reply(10, [2.0, 2.0], 5), train_reply(11, [1.0, 3.0], 5),
-                               superlink_error])
+                               superlink_error()])
     assert [u.node_id for u in updates] == [10, 11]
-    assert strategy.report.lost == ["2"] and strategy.report.rejected == []
+    assert strategy.report.lost == ["2"] and strategy.report.lost_nodes == [12]
+    assert strategy.report.rejected == [] and strategy.report.late == []
     assert np.array_equal(strategy.global_arrays["w"], GLOBAL["w"])
+
+
+def test_the_superlinks_error_reply_names_a_lost_node_that_is_connected_again():
+    """An authenticated node that died mid-round and came back under its id before the round
+    ended: only the SuperLink's error reply, in reply to the message sent to it, tells."""
+    strategy = surveyed(FedAvg(), CLIENTS)
+    sent_train_messages(strategy, [10, 11, 12])
+    strategy.connected = lambda: [10, 11, 12]
+    strategy.accept([train_reply(10, [2.0, 2.0], 5), superlink_error("sent-to-11")])
+    assert strategy.report.lost == ["1"] and strategy.report.late == ["2"]
+
+
+def test_a_connected_node_over_round_timeout_is_late_not_lost_and_never_back(capsys):
+    """The probe's node slept past round_timeout: it was recorded lost, and the roster then
+    said "partition 2 is back" though it never disconnected."""
+    strategy = surveyed(FedAvg(), CLIENTS)
+    grid = ChangingGrid([10, 11, 12])
+    clients, _ = roster(grid)
+    strategy.roster, strategy.connected = clients.nodes, grid.get_node_ids
+    sent_train_messages(strategy, [10, 11, 12])
+    updates = strategy.accept([train_reply(10, [2.0, 2.0], 5), train_reply(11, [1.0, 3.0], 5)])
+    assert [u.node_id for u in updates] == [10, 11]
+    assert strategy.report.late == ["2"] and strategy.report.lost == []
+    assert strategy.available(2, grid) == [10, 11, 12]  # still a client, sampled again
+    assert capsys.readouterr().out == ""  # no "is back", no "missing"
+
+
+def test_in_simulation_a_missing_reply_is_late():
+    strategy = surveyed(FedAvg(), CLIENTS)  # no ``connected``: nodes are never lost
+    sent_train_messages(strategy, [10, 11])
+    strategy.accept([train_reply(10, [2.0, 2.0], 5)])
+    assert strategy.report.late == ["1"] and strategy.report.lost_nodes == []
 
 
 def test_a_client_whose_node_id_connects_again_is_back_without_a_new_survey(capsys):

@@ -38,6 +38,9 @@ PROTOTYPES_IN_REPLY = "prototypes-in-reply"  # FedCSD, prototypes=previous: repl
 NUM_EXAMPLES = "num-examples"
 LOCAL_STEPS = "local-steps"
 TRAIN_LOSS = "train-loss"
+CLASS_ALPHA = "class-alpha"  # FedCAD's alpha_y per class
+# the reply metrics that are a list (a value per class); every other metric is one number
+PER_CLASS_METRICS = frozenset({CLASS_ALPHA})
 
 # the query that asks a node what data it holds (answered before the first round)
 DATA_SUMMARY = "data_summary"  # message type "query.data_summary"

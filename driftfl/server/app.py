@@ -16,6 +16,7 @@ from flwr.serverapp import Grid, ServerApp
 from flwr.superlink.grid import InMemoryGrid
 
 from driftfl.common import paths
+from driftfl.common.columns import column, forged_column
 from driftfl.common.config import compose
 from driftfl.common.datasets import to_tensors
 from driftfl.common.errors import ConfigError
@@ -34,6 +35,7 @@ from .experiment import Experiment, prepare_experiment
 from .results import RunRecorder
 from .roster import Roster
 from .run_config import experiment_overrides
+from .outcome import run_status
 from .rounds import run_rounds
 from .simulated import AssigningGrid, assign_partitions, registration_order
 from .survey import survey_clients
@@ -128,14 +130,16 @@ def run_experiment(grid: Grid, experiment: Experiment, run_dir: Path, run_id: in
         strategy.rejoin(now, moved)
         recorder.clients_moved(now, moved)
 
+    roster = None
     if not isinstance(grid, InMemoryGrid):
         print(f"driftfl: each round is saved in {run_dir / checkpoint.CHECKPOINT}; should the "
               f"run stop, go on with resume={run_dir} (driftfl run superlink=...) or "
               "resume=true in the same run config (flwr run)", flush=True)
-        strategy.roster = Roster(metered, experiment_record, clients,
-                                 num_partitions=cfg.num_clients, min_clients=cfg.min_clients,
-                                 rejoin_wait=cfg.rejoin_wait, timeout=cfg.round_timeout,
-                                 on_change=clients_moved, owners=owners).nodes
+        roster = Roster(metered, experiment_record, clients, num_partitions=cfg.num_clients,
+                        min_clients=cfg.min_clients, rejoin_wait=cfg.rejoin_wait,
+                        timeout=cfg.round_timeout, on_change=clients_moved, owners=owners)
+        strategy.roster = roster.nodes
+        strategy.connected = metered.get_node_ids  # a silent node still connected is late
     title = (f"{cfg.strategy.name} on {cfg.dataset.name}, {describe(cfg.partition)}, "
              f"{len(clients)} clients, {cfg.model.name}")
     print(console.partition_table(clients, list(experiment.data.classes), title), flush=True)
@@ -160,32 +164,39 @@ def run_experiment(grid: Grid, experiment: Experiment, run_dir: Path, run_id: in
         print(f"driftfl: resuming {run_dir} after round {saved['round']} of {cfg.rounds}",
               flush=True)
 
+    latest = {"arrays": arrays}  # the model after the last round that ran
+
     def after_round(server_round: int, arrays: ArrayRecord) -> None:
+        latest["arrays"] = arrays
         checkpoint.save(run_dir, server_round, to_numpy(arrays), strategy, recorder.rows,
                         recorder.arrays, recorder.seconds(), cfg)
 
-    arrays = run_rounds(strategy, metered, arrays, first_round=saved["round"] + 1 if saved else 1,
-                        num_rounds=cfg.rounds, timeout=cfg.round_timeout,
-                        train_config=experiment_record,
-                        evaluate_config=ConfigRecord(dict(experiment_record)),
-                        evaluate_fn=evaluator, after_round=after_round)
-    load_arrays(model, arrays)
+    stopped = ""
+    try:
+        run_rounds(strategy, metered, arrays,
+                   first_round=saved["round"] + 1 if saved else 1,
+                   num_rounds=cfg.rounds, timeout=cfg.round_timeout,
+                   train_config=experiment_record,
+                   evaluate_config=ConfigRecord(dict(experiment_record)),
+                   evaluate_fn=evaluator, after_round=after_round)
+    except ConfigError as err:  # the roster: fewer than min_clients connected
+        stopped = str(err)
+    load_arrays(model, latest["arrays"])
     rows = recorder.rows
     best = max(rows, key=lambda r: r["test_accuracy"])
-    trained = [r for r in rows if r["model_updated"]]
-    summary = {"status": "completed" if trained else "failed", "rounds": cfg.rounds,
-               "rounds_without_usable_reply": len(rows) - 1 - len(trained),
+    last = strategy.report.rejected
+    status = run_status(rows, stopped=stopped, min_clients=cfg.min_clients,
+                        connected=roster.connected_count() if roster and not stopped else None,
+                        last_rejection=last[0] if last else "")
+    summary = {**status, "rounds": cfg.rounds,
+               "rounds_without_usable_reply": sum(not r["model_updated"] for r in rows[1:]),
                "final_accuracy": rows[-1]["test_accuracy"], "final_loss": rows[-1]["test_loss"],
                "best_accuracy": best["test_accuracy"], "best_round": best["round"],
                "seconds": recorder.seconds(),
                "bytes_sent": sum(r["bytes_sent"] for r in rows),
                "bytes_received": sum(r["bytes_received"] for r in rows)}
-    if not trained:
-        last = strategy.report.rejected
-        summary["reason"] = ("no round got a usable client reply, so the model never trained"
-                             + (f"; the last round's first rejection: {last[0]}" if last else ""))
     recorder.finish(model, summary, title)
-    if not trained:
+    if summary["status"] == "failed":
         raise ConfigError(summary["reason"])
     print(console.summary_line(summary, run_dir), flush=True)
     return summary
@@ -219,9 +230,8 @@ class RoundEvaluator:
                                              self.cfg.eval_batch_size, self.num_classes)
         report = self.strategy.report if server_round > 0 else None
         row = {"round": server_round, "test_accuracy": accuracy, "test_loss": loss}
-        if report:  # the clients' metrics (train-loss -> train_loss, ...), the server's
-            for k, v in {**report.train_metrics, **report.evaluate_metrics}.items():
-                row[k.replace("-", "_")] = v
+        if report:  # the clients' metrics (train-loss -> train_loss, ...), then the server's
+            row.update(client_columns(report, self.strategy.server_columns))
             row.update(self.strategy.server_metrics(self.accuracy_of))
             self.recorder.add_arrays(server_round, self.strategy.round_arrays())
             self.recorder.add_images(self.strategy.round_images(), self.mean, self.std)
@@ -236,10 +246,25 @@ class RoundEvaluator:
                     "rejected": len(report.rejected) if report else 0,
                     "rejected_partitions": " ".join(report.rejected_partitions) if report else "",
                     "lost_partitions": " ".join(report.lost) if report else "",
+                    "late_partitions": " ".join(report.late) if report else "",
                     "refused_state": "; ".join(report.refused_state) if report else "",
                     "bytes_sent": sent, "bytes_received": received,
                     "per_class_accuracy": per_class})
+        # the server's own numbers last: nothing above may stand in for them
+        row.update({"round": server_round, "test_accuracy": accuracy, "test_loss": loss})
         self.recorder.add_round(row)
         print(console.round_line(row, self.cfg.rounds), flush=True)
         self.round_started = now
         return MetricRecord({"accuracy": accuracy, "loss": loss})
+
+
+def client_columns(report, server_columns: frozenset[str]) -> dict:
+    """The clients' averaged metrics as row columns; the checks refused any that would name
+    one of the server's (``columns.forged_column``), and the strategy's own measurements
+    (``server_columns``) take the place of a client metric of the same name."""
+    row = {}
+    for key, value in {**report.train_metrics, **report.evaluate_metrics}.items():
+        name = column(key)
+        if not forged_column(key) and name not in server_columns:
+            row[name] = value
+    return row

@@ -66,6 +66,8 @@ def round_line(row: dict, rounds: int) -> str:
             text += f", {row['rejected']} rejected (partitions {row['rejected_partitions']})"
         if row.get("lost_partitions"):
             text += f", lost: partition(s) {row['lost_partitions']}"
+        if row.get("late_partitions"):
+            text += f", late: partition(s) {row['late_partitions']}"
         if row.get("refused_state"):
             text += f", state kept ({row['refused_state']})"
         if not row["model_updated"]:
@@ -74,7 +76,9 @@ def round_line(row: dict, rounds: int) -> str:
 
 
 def summary_line(summary: dict, run_dir) -> str:
-    return (f"driftfl: {summary['rounds']} rounds in {duration(summary['seconds'])}; final test "
+    incomplete = (f"driftfl: the run is {summary['status']}: {summary['reason']}\n"
+                  if summary.get("reason") else "")
+    return incomplete + (f"driftfl: {summary['rounds']} rounds in {duration(summary['seconds'])}; final test "
             f"accuracy {100 * summary['final_accuracy']:.2f}% (best "
             f"{100 * summary['best_accuracy']:.2f}% at round {summary['best_round']})\n"
             f"{RESULTS}{run_dir} (metrics.csv, metrics.json, accuracy.png, model.pt)")

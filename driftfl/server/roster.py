@@ -81,6 +81,11 @@ class Roster:
         self.missing = missing
         return present
 
+    def connected_count(self) -> int:
+        """How many of the clients are connected now."""
+        connected = set(self.grid.get_node_ids())
+        return sum(c["node_id"] in connected for c in self.clients)
+
     def meet_newcomers(self, newcomers: set[int], connected: set[int]) -> None:
         """Survey nodes never seen; one may take the partition of a client that is gone."""
         if not newcomers:

@@ -12,7 +12,9 @@ from flwr.app import Array, ArrayRecord, Message
 from torch import nn
 
 from driftfl.common.config import ExperimentConfig
-from driftfl.common.protocol import ARRAYS, LOCAL_STEPS, METRICS, NUM_EXAMPLES
+from driftfl.common.columns import forged_column
+from driftfl.common.protocol import (ARRAYS, LOCAL_STEPS, METRICS, NUM_EXAMPLES,
+                                     PER_CLASS_METRICS)
 from driftfl.common.settings import NoSettings, Settings
 
 
@@ -73,21 +75,37 @@ def check_reply(msg: Message, reference: dict[str, np.ndarray],
 
 
 def read_metrics(record) -> dict[str, float | list[float]] | str:
-    """A reply's metrics as floats and lists of floats, or why they cannot be used: a scalar
-    must be finite; a list (a value per class) may hold NaN for a class the client lacks, not
-    an infinity."""
+    """A reply's metrics as floats and lists of floats, or why they cannot be used: a metric
+    may not name a column the server writes (``columns.forged_column``); a per-class metric
+    (``PER_CLASS_METRICS``) is a list that may hold NaN for a class the client lacks, not an
+    infinity; every other metric is one finite number (not a bool, a string or a list)."""
     metrics: dict[str, float | list[float]] = {}
     for key, value in record.items():
-        if isinstance(value, list):
+        forged = forged_column(key)
+        if forged:
+            return f"metric '{key}' would write the server's own column '{forged}'"
+        if key in PER_CLASS_METRICS:
+            if not isinstance(value, list) or not all(_is_number(v) for v in value):
+                return f"metric '{key}' is {_kind(value)}; expected a list of numbers"
             values = [float(v) for v in value]
             if any(math.isinf(v) for v in values):
                 return f"metric '{key}' holds an infinite value"
             metrics[key] = values
-        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        elif _is_number(value):
             if not math.isfinite(value):
                 return f"metric '{key}' is {value}"
             metrics[key] = float(value)
+        else:
+            return f"metric '{key}' is {_kind(value)}; expected a number"
     return metrics
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _kind(value) -> str:
+    return "a list" if isinstance(value, list) else f"of type {type(value).__name__}"
 
 
 def model_norm(arrays: dict[str, np.ndarray]) -> float:

@@ -31,7 +31,7 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
-from flwr.common.constant import SUPERLINK_NODE_ID
+from flwr.common.constant import SUPERLINK_NODE_ID, ErrorCode
 from flwr.supercore import log
 from torch import nn
 
@@ -67,8 +67,10 @@ class RoundReport:
     clients: int = 0
     rejected: list[str] = field(default_factory=list)  # "partition 3 (node 81...): reason"
     rejected_partitions: list[str] = field(default_factory=list)  # as client_name gives them
-    lost: list[str] = field(default_factory=list)  # sent a message, sent nothing back (client_name)
-    lost_nodes: list[int] = field(default_factory=list)  # their node ids
+    # sent a train message, sent nothing back and disconnected (client_name), their node ids
+    lost: list[str] = field(default_factory=list)
+    lost_nodes: list[int] = field(default_factory=list)
+    late: list[str] = field(default_factory=list)  # sent nothing back, still connected
     refused_aggregate: str = ""  # why the aggregate did not replace the global model
     refused_state: list[str] = field(default_factory=list)  # "<state>: reason", state kept
     train_metrics: dict[str, float] = field(default_factory=dict)
@@ -80,6 +82,9 @@ class DriftStrategy(FedAvg):
 
     Settings: ClassVar[type[StrategySettings]] = StrategySettings
     provides: ClassVar[frozenset[str]] = frozenset()  # records and config keys sent to clients
+    # the row columns ``server_metrics`` may write: a client metric of the same name is left
+    # out of the row, in rounds where the strategy measures nothing too
+    server_columns: ClassVar[frozenset[str]] = frozenset()
 
     def __init__(self, *, selection: Selection | None = None,
                  aggregation: Aggregation | None = None, objective: str = "ce",
@@ -118,6 +123,10 @@ class DriftStrategy(FedAvg):
         self.last_aggregate: dict[str, np.ndarray] = {}  # what the aggregation made of it
         self.last_updates: list[ClientUpdate] = []  # the replies that passed the checks
         self.trained: list[int] = []  # the nodes sent this round's train message
+        self.train_messages: list[Message] = []  # those messages (the grid gives them their ids)
+        # deployment: the nodes connected now (grid.get_node_ids), to tell a lost node from a
+        # late one; None: simulation, where nodes are never lost
+        self.connected: Callable[[], Iterable[int]] | None = None
         # deployment: the connected clients' nodes for a round (Roster.nodes); None: wait for
         # min_available_nodes, as in simulation, where nodes are never lost
         # deployment's roster: (round, nodes lost last round) -> the clients connected now
@@ -276,6 +285,7 @@ class DriftStrategy(FedAvg):
             own = self.node_knowledge(server_round, node)
             messages += self._construct_messages(RecordDict({**shared, **own}) if own else content,
                                                  [node], MessageType.TRAIN)
+        self.train_messages = messages
         return messages
 
     # -- what comes back -----------------------------------------------------------------
@@ -285,13 +295,17 @@ class DriftStrategy(FedAvg):
         updates, report = [], RoundReport()
         bound = norm_bound(self.global_arrays, self.max_update_ratio)  # once for the round
         replies = list(replies)
-        # a node lost mid-round: no reply, or an error reply that the SuperLink sends in its name
         answered = {msg.metadata.src_node_id for msg in replies}
-        report.lost_nodes = [n for n in self.trained if n not in answered]
+        silent = [n for n in self.trained if n not in answered]
+        gone = self.disconnected(replies, silent)
+        report.lost_nodes = [n for n in silent if n in gone]
         report.lost = [self.client_name(n) for n in report.lost_nodes]
-        for node in (n for n in self.trained if n not in answered):
-            log(WARNING, "round reply from %s lost: the node sent nothing back (gone, or over "
-                "round_timeout)", self.describe(node))
+        report.late = [self.client_name(n) for n in silent if n not in gone]
+        for node in silent:
+            log(WARNING, "round reply from %s %s", self.describe(node),
+                "lost: the node disconnected" if node in gone else
+                f"late: none within round_timeout={self.round_timeout:g} s, the node is "
+                "still connected")
         for msg in self.in_node_order(replies):
             if msg.has_error() and msg.metadata.src_node_id == SUPERLINK_NODE_ID:
                 continue  # the SuperLink's notice that a node is lost, counted above
@@ -309,6 +323,20 @@ class DriftStrategy(FedAvg):
         report.clients = len(updates)
         self.last_updates = updates
         return updates
+
+    def disconnected(self, replies: list[Message], silent: list[int]) -> set[int]:
+        """Of the nodes that sent no reply (``silent``), those lost: named by the SuperLink's
+        error reply for an unavailable node (it answers the message sent to it), or no longer
+        connected. The others are late: connected, but over round_timeout."""
+        sent_to = {m.metadata.message_id: m.metadata.dst_node_id for m in self.train_messages
+                   if m.metadata.message_id}
+        gone = {sent_to.get(msg.metadata.reply_to_message_id) for msg in replies
+                if msg.has_error() and msg.metadata.src_node_id == SUPERLINK_NODE_ID
+                and msg.error.code == ErrorCode.NODE_UNAVAILABLE}
+        if self.connected is not None:
+            connected = set(self.connected())
+            gone |= {n for n in silent if n not in connected}
+        return gone & set(silent)
 
     def record_rejection(self, report: RoundReport, node: int, reason: str) -> None:
         report.rejected.append(f"{self.describe(node)}: {reason}")

@@ -80,6 +80,9 @@ class RoundLog:
 class DCFL(DriftStrategy):
     Settings = DCFLSettings
     provides = frozenset({EXPLORED_CLIENTS, CONDENSE, CONDENSED, PROXIMAL_MU})
+    server_columns = frozenset({"selected", "exploited", "explored_now", "explored_total",
+                                "condensed_bytes_sent", "condensed_bytes_received",
+                                "condense_seconds", "pretrain_accuracy"})
 
     def __init__(self, *, model: torch.nn.Module, pretrain_fraction: float,
                  pretrain_requests: int, pretrain: TrainSettings, filter_ratio: float,

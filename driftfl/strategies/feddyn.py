@@ -47,6 +47,8 @@ class FedDyn(DriftStrategy):
     """``param_keys``: the trainable parameters' names; ``num_clients``: K; ``alpha``: the
     clients' alpha."""
 
+    server_columns = frozenset({"server_h_norm"})
+
     def __init__(self, *, param_keys: tuple[str, ...], num_clients: int, alpha: float,
                  **kwargs):
         super().__init__(**kwargs)

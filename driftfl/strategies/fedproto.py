@@ -58,6 +58,8 @@ def weighted_prototypes(replies: list[tuple[np.ndarray, np.ndarray]], num_classe
 class FedProto(DriftStrategy):
     """``num_classes``, ``feature_dim``: the prototypes are (C, d), d the head's input."""
 
+    server_columns = frozenset({"prototype_classes"})
+
     provides = frozenset({FEATURE_PROTOTYPES})
 
     def __init__(self, *, num_classes: int, feature_dim: int, **kwargs):

@@ -15,6 +15,7 @@ from .base import DriftStrategy
 class FedSSD(DriftStrategy):
     Settings = AuxSetSettings
     provides = frozenset({CREDIBILITY})
+    server_columns = frozenset({"credibility_diag_mean"})
 
     def __init__(self, *, aux_set: AuxSet, **kwargs):
         super().__init__(**kwargs)

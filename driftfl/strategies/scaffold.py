@@ -82,6 +82,8 @@ class Scaffold(DriftStrategy):
     """``param_keys``: the trainable parameters' names; ``num_clients``: K; ``lr``,
     ``momentum``: the clients' SGD; ``divisor``: the clients' a_k (effective or steps)."""
 
+    server_columns = frozenset({"server_control_norm"})
+
     provides = frozenset({CONTROL})
 
     def __init__(self, *, param_keys: tuple[str, ...], num_clients: int, lr: float,

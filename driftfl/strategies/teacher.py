@@ -35,6 +35,7 @@ class TeacherStrategy(DriftStrategy):
     """Keeps ``self.teacher`` (NumPy arrays) and sends it as the ``teacher`` record."""
 
     provides = frozenset({TEACHER})
+    server_columns = frozenset({"teacher_accuracy"})
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)

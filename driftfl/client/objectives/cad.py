@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from pydantic import Field, field_validator
 
-from driftfl.common.protocol import CLASS_PHI
+from driftfl.common.protocol import CLASS_ALPHA, CLASS_PHI
 from driftfl.common.settings import Settings
 
 from .distill import Distillation, soft_cross_entropy
@@ -75,5 +75,5 @@ class CAD(Distillation):
 
     def diagnostics(self) -> dict:
         # alpha_y per class (NaN for classes this client lacks) and its mean over the classes
-        return {"class-alpha": [float(a) for a in self.alpha.tolist()],
+        return {CLASS_ALPHA: [float(a) for a in self.alpha.tolist()],
                 "alpha-mean": float(np.nanmean(self.alpha.cpu().numpy()))}

@@ -1,0 +1,108 @@
+"""How a run ended is recorded truthfully: a round without a usable reply, a client that
+answers after round_timeout (late) or disconnects (lost), and a run stopped or left with fewer
+than min_clients connected never end in status "completed"."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from driftfl.common.config import compose
+from driftfl.common.errors import ConfigError
+from driftfl.server.app import run_experiment
+from driftfl.server.experiment import prepare_experiment
+from driftfl.server.outcome import run_status
+from test_methods import TINY, InProcessGrid, fmnist_nodes
+
+
+class FaultyGrid(InProcessGrid):
+    """Deployment nodes in this process; ``faults(grid, round)`` runs before each round's
+    train messages are delivered and may make nodes ``silent`` (connected, no reply within
+    round_timeout) or ``gone`` (disconnected, no longer listed)."""
+
+    def __init__(self, faults):
+        super().__init__(fmnist_nodes(2))
+        self.faults, self.train_round = faults, 0
+        self.silent, self.gone = set(), set()
+
+    def get_node_ids(self):
+        return [n for n in super().get_node_ids() if n not in self.gone]
+
+    def send_and_receive(self, messages, timeout=None):
+        messages = list(messages)
+        if messages and messages[0].metadata.message_type == "train":
+            self.train_round += 1
+            self.faults(self, self.train_round)
+        return super().send_and_receive(
+            [m for m in messages if m.metadata.dst_node_id not in self.silent], timeout)
+
+
+def run(tmp_path, faults, *overrides):
+    experiment = prepare_experiment(compose([*TINY, *overrides]))
+    try:
+        run_experiment(FaultyGrid(faults), experiment, tmp_path, run_id=1)
+    except ConfigError:
+        pass
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    return summary, json.loads((tmp_path / "metrics.json").read_text())["rounds"]
+
+
+@pytest.fixture(autouse=True)
+def _data(fmnist_available, server_task):
+    yield
+
+
+def test_a_round_in_which_every_client_was_late_leaves_the_run_incomplete(tmp_path):
+    def all_late_in_round_2(grid, server_round):
+        grid.silent = {100, 101} if server_round == 2 else set()
+
+    summary, rows = run(tmp_path, all_late_in_round_2, "rounds=2")
+    assert [(r["clients"], r["model_updated"]) for r in rows[1:]] == [(2, 1), (0, 0)]
+    assert rows[2]["late_partitions"] == "0 1" and rows[2]["lost_partitions"] == ""
+    assert summary["status"] == "incomplete" and summary["rounds_without_usable_reply"] == 1
+    assert summary["reason"] == ("round(s) 2 got no usable client reply (the global model "
+                                 "stayed as it was)")
+
+
+def test_a_lost_client_below_min_clients_stops_the_run_as_failed(tmp_path):
+    def partition_1_lost_in_round_1(grid, server_round):
+        grid.silent = grid.gone = {101}
+
+    summary, rows = run(tmp_path, partition_1_lost_in_round_1, "rounds=3", "min_clients=2",
+                        "rejoin_wait=0")
+    assert rows[1]["lost_partitions"] == "1" and rows[1]["late_partitions"] == ""
+    assert len(rows) == 2 and summary["status"] == "failed"
+    assert summary["reason"].startswith("round 2: only 1 of 2 clients are connected")
+    assert (tmp_path / "model.pt").is_file()
+
+
+def test_a_run_that_ends_with_fewer_than_min_clients_connected_is_incomplete(tmp_path):
+    def partition_1_leaves_after_replying(grid, server_round):
+        grid.gone = {101}
+
+    summary, rows = run(tmp_path, partition_1_leaves_after_replying, "rounds=1",
+                        "min_clients=2")
+    assert rows[1]["clients"] == 2 and summary["status"] == "incomplete"
+    assert summary["reason"] == ("only 1 clients were connected after the last round, fewer "
+                                 "than min_clients=2")
+
+
+def test_the_status_rules():
+    row = lambda r, updated: {"round": r, "model_updated": updated}  # noqa: E731
+    assert run_status([row(0, 0), row(1, 1)]) == {"status": "completed"}
+    assert run_status([row(0, 0), row(1, 0)], last_rejection="x")["status"] == "failed"
+    assert run_status([row(0, 0), row(1, 1)], stopped="why") == {"status": "failed",
+                                                                 "reason": "why"}
+    assert run_status([row(0, 0), row(1, 1)], connected=3, min_clients=3) == {
+        "status": "completed"}
+
+
+@pytest.mark.parametrize("status, exits_0", [("completed", True), ("incomplete", True),
+                                             ("failed", False), (None, False)])
+def test_driftfl_run_exits_non_zero_for_a_failed_run(tmp_path, status, exits_0):
+    from driftfl.launch import finished_status
+
+    if status:
+        (tmp_path / "summary.json").write_text(json.dumps({"status": status}))
+    assert finished_status(tmp_path) is exits_0
