@@ -28,7 +28,7 @@ from driftfl.common.protocol import (DATASET_META, EXPERIMENT, load_arrays, load
 from driftfl.methods import build_strategy
 from driftfl.strategies import DriftStrategy
 from driftfl.strategies.aggregation import to_numpy, to_record
-from driftfl.strategies.base import wait_for_nodes
+from driftfl.strategies.nodes import wait_for_nodes
 
 from . import checkpoint, console
 from .experiment import Experiment, prepare_experiment

@@ -20,10 +20,8 @@ from __future__ import annotations
 
 import logging
 import math
-import random
-import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from logging import INFO, WARNING
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -36,15 +34,16 @@ from flwr.supercore import log
 from torch import nn
 
 from driftfl.common.config import ExperimentConfig
-from driftfl.common.errors import ConfigError
-from driftfl.common.protocol import (ARRAYS, CONFIG, LOCAL_STEPS, METHOD, METRICS, NUM_EXAMPLES,
-                                     SERVER_ROUND)
+from driftfl.common.protocol import ARRAYS, CONFIG, LOCAL_STEPS, METHOD, SERVER_ROUND
 from driftfl.common.settings import Settings
 from driftfl.common.training import TrainSettings
 
 from .aggregation import (Aggregation, ClientUpdate, check_reply, example_weights, mean_metrics,
-                          norm_bound, read_metrics, to_numpy, to_record, update_norm)
+                          norm_bound, to_numpy, to_record, update_norm)
 from . import guard
+from .guard import ReplyGuard
+from .nodes import wait_for_nodes
+from .federated_evaluation import FederatedEvaluation
 from .parts import AGGREGATIONS, SELECTIONS
 from .selection import ExploredClients, Selection
 
@@ -77,7 +76,7 @@ class RoundReport:
     evaluate_metrics: dict[str, float] = field(default_factory=dict)
 
 
-class DriftStrategy(FedAvg):
+class DriftStrategy(FederatedEvaluation, ReplyGuard, FedAvg):
     """FedAvg with driftfl's parts, sampling, message content and reply checks."""
 
     Settings: ClassVar[type[StrategySettings]] = StrategySettings
@@ -221,27 +220,6 @@ class DriftStrategy(FedAvg):
         (unbounded before a survey, in unit tests; 0 for a node the survey refused)."""
         return math.inf if self.surveyed is None else self.surveyed.get(node, 0)
 
-    def weight_cap(self) -> float:
-        """The most examples a reply weighs as: max_examples_ratio x the median of the data
-        survey's counts (inf before a survey or without a cap)."""
-        if self.surveyed is None or not self.surveyed or math.isinf(self.max_examples_ratio):
-            return math.inf
-        return self.max_examples_ratio * float(np.median(list(self.surveyed.values())))
-
-    def capped(self, updates: list[ClientUpdate]) -> list[ClientUpdate]:
-        """The updates with num-examples at most ``weight_cap``: every weight (FedAvg's,
-        FedNova's, FedDisco's, Krum's, the metrics' means) is formed from it."""
-        cap, out = self.weight_cap(), []
-        for update in updates:
-            if update.num_examples > cap:
-                log(WARNING, "round reply from %s weighs as %.12g examples, not its %.12g "
-                    "(max_examples_ratio=%g x the survey's median count)",
-                    self.describe(update.node_id), cap, update.num_examples,
-                    self.max_examples_ratio)
-                update = replace(update, metrics={**update.metrics, NUM_EXAMPLES: cap})
-            out.append(update)
-        return out
-
     def describe(self, node: int) -> str:
         partition = self.node_rank.get(node, -1)
         return f"partition {partition} (node {node})" if partition >= 0 else f"node {node}"
@@ -343,40 +321,10 @@ class DriftStrategy(FedAvg):
         report.rejected_partitions.append(self.client_name(node))
         log(WARNING, "round reply from %s rejected: %s", self.describe(node), reason)
 
-    def peer_screen(self, updates: list[ClientUpdate], what: str,
-                    size: Callable[[ClientUpdate], float], power: int = 1
-                    ) -> list[ClientUpdate]:
-        """The updates whose ``what`` (its norm, ``size``) is within ``max_peer_ratio`` (to the
-        ``power``: 2 for a payload quadratic in the gradients) x the round's lower median of the
-        same; the others are rejected like a failed check."""
-        sizes = [size(u) for u in updates]
-        ratio = self.max_peer_ratio ** power
-        outliers, bound = guard.peer_outliers(sizes, ratio)
-        for i in outliers:
-            self.record_rejection(
-                self.report, updates[i].node_id,
-                f"its {what}'s norm {sizes[i]:.3g} is over {self.ratio_text(power)}"
-                f" x the round's median {bound / ratio:.3g}")
-        return [u for i, u in enumerate(updates) if i not in outliers]
-
-    def ratio_text(self, power: int = 1) -> str:
-        return f"max_peer_ratio={self.max_peer_ratio:g}" + (f"^{power}" if power != 1 else "")
-
     def screen(self, updates: list[ClientUpdate]) -> list[ClientUpdate]:
         """A method's screens of its own payloads against the round's peers (``peer_screen``),
         after the model update's; FedAvg sends none."""
         return updates
-
-    def refuse_state(self, server_round: int, what: str, reason: str) -> None:
-        """Log and record that ``what`` (a piece of strategy state) keeps its old value."""
-        log(WARNING, "round %d: the update of %s refused: %s; it stays as it was", server_round,
-            what, reason)
-        self.report.refused_state.append(f"{what}: {reason}")
-
-    def state_problem(self, new: dict[str, np.ndarray],
-                      old: dict[str, np.ndarray] | None) -> str | None:
-        """Why a new strategy state must not replace ``old`` (guard.state_problem)."""
-        return guard.state_problem(new, old, self.max_update_ratio)
 
     def reject(self, update: ClientUpdate) -> str | None:
         """Why a reply that passed the common checks cannot be used (None: it can)."""
@@ -447,55 +395,6 @@ class DriftStrategy(FedAvg):
         """Image sets (images, labels) to show as PNG grids, by name (DCFL's condensed sets)."""
         return {}
 
-    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
-                           grid: Grid) -> Iterable[Message]:
-        """Flower's sampling for federated evaluation, among the surveyed nodes connected."""
-        if self.fraction_evaluate == 0.0:
-            return []
-        nodes = self.available(server_round, grid)
-        count = max(int(len(nodes) * self.fraction_evaluate), self.min_evaluate_nodes)
-        config["server-round"] = server_round
-        return self._construct_messages(
-            RecordDict({self.arrayrecord_key: arrays, self.configrecord_key: config}),
-            random.sample(nodes, min(count, len(nodes))), MessageType.EVALUATE)
-
-    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]
-                           ) -> MetricRecord | None:
-        """The example-weighted mean of the evaluation replies that pass the checks."""
-        usable: list[tuple[float, dict]] = []
-        for msg in self.in_node_order(replies):
-            checked = self.check_evaluation(msg)
-            if isinstance(checked, str):
-                log(WARNING, "evaluation reply from %s rejected: %s",
-                    self.describe(msg.metadata.src_node_id), checked)
-            else:
-                usable.append(checked)
-        metrics = None
-        if usable:
-            weights = np.array([n for n, _ in usable]) / sum(n for n, _ in usable)
-            shared = set.intersection(*(set(m) for _, m in usable))
-            metrics = MetricRecord({key: float(sum(w * m[key] for w, (_, m) in
-                                                   zip(weights, usable)))
-                                    for key in sorted(shared)})
-        self.report.evaluate_metrics = dict(metrics or {})
-        return metrics
-
-    def check_evaluation(self, msg: Message) -> tuple[float, dict[str, float]] | str:
-        """(num-examples, scalar metrics) of an evaluation reply, or why it cannot be used."""
-        if msg.has_error():
-            return f"error reply: {msg.error.reason}"
-        if METRICS not in msg.content.metric_records:
-            return f"reply lacks the '{METRICS}' record"
-        metrics = read_metrics(msg.content.metric_records[METRICS])
-        if isinstance(metrics, str):
-            return metrics
-        n = metrics.pop(NUM_EXAMPLES, None)
-        surveyed = self.survey_count(msg.metadata.src_node_id)
-        if not isinstance(n, float) or not 0 < n <= surveyed:
-            return f"'{NUM_EXAMPLES}' is {n}; expected 1..{surveyed} (the data survey's count)"
-        return min(n, self.weight_cap()), {k: v for k, v in metrics.items()
-                                           if isinstance(v, float)}
-
 
 class FlowerFirst:
     """For a Flower strategy placed before DriftStrategy in the bases (so that its
@@ -510,22 +409,3 @@ class FlowerFirst:
         super().__init__(**kwargs)
         self.assemble(selection, aggregation, objective, round_timeout, max_update_ratio,
                       max_peer_ratio, local_training, max_examples_ratio)
-
-
-def wait_for_nodes(grid: Grid, minimum: int, timeout: float = math.inf,
-                   every: float = 10.0) -> list[int]:
-    """The connected nodes, once at least ``minimum`` are there (deployment nodes join late)."""
-    started = last = time.monotonic()
-    while len(nodes := list(grid.get_node_ids())) < minimum:
-        waited = time.monotonic() - started
-        if waited > timeout:
-            raise ConfigError(
-                f"only {len(nodes)} of num_clients={minimum} nodes connected in {timeout:.0f} s; "
-                "in simulation pass --federation-config \"num_supernodes=<num_clients>\" to flwr "
-                "run, in deployment start more SuperNodes (or lower num_clients)")
-        if time.monotonic() - last > every:
-            log(WARNING, "waiting for nodes: %d of num_clients=%d connected after %.0f s",
-                len(nodes), minimum, waited)
-            last = time.monotonic()
-        time.sleep(0.5)
-    return nodes

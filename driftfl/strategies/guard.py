@@ -11,14 +11,23 @@ Delta c, FedCurv's Fisher, prototypes, DCFL's pre-trained model):
 - **State.** A new state replaces the old only when it is finite and has moved by at most
   ``max_update_ratio`` times max(1, the old state's norm); otherwise the old state stays and the
   refusal is logged and recorded like a rejected reply (``RoundReport.refused_state``).
+- **Weight.** In deployment, where nodes claim their example counts, a reply weighs as at most
+  ``max_examples_ratio`` times the median of the data survey's counts (``ReplyGuard.capped``).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
+from logging import WARNING
 
 import numpy as np
+from flwr.supercore import log
+
+from driftfl.common.protocol import NUM_EXAMPLES
+
+from .aggregation import ClientUpdate
 
 
 def norm(arrays: Mapping[str, np.ndarray] | np.ndarray) -> float:
@@ -61,3 +70,60 @@ def state_problem(new: Mapping[str, np.ndarray], old: Mapping[str, np.ndarray] |
     if not moved <= bound:
         return f"it would move by {moved:.3g}, over the bound {bound:.3g} (max_update_ratio)"
     return None
+
+
+class ReplyGuard:
+    """These rules as a strategy applies them: DriftStrategy's (it supplies ``max_peer_ratio``,
+    ``max_update_ratio``, ``max_examples_ratio``, ``surveyed``, ``report``, ``describe`` and
+    ``record_rejection``)."""
+
+    def peer_screen(self, updates: list[ClientUpdate], what: str,
+                    size: Callable[[ClientUpdate], float], power: int = 1
+                    ) -> list[ClientUpdate]:
+        """The updates whose ``what`` (its norm, ``size``) is within ``max_peer_ratio`` (to the
+        ``power``: 2 for a payload quadratic in the gradients) x the round's lower median of the
+        same; the others are rejected like a failed check."""
+        sizes = [size(u) for u in updates]
+        ratio = self.max_peer_ratio ** power
+        outliers, bound = peer_outliers(sizes, ratio)
+        for i in outliers:
+            self.record_rejection(
+                self.report, updates[i].node_id,
+                f"its {what}'s norm {sizes[i]:.3g} is over {self.ratio_text(power)}"
+                f" x the round's median {bound / ratio:.3g}")
+        return [u for i, u in enumerate(updates) if i not in outliers]
+
+    def ratio_text(self, power: int = 1) -> str:
+        return f"max_peer_ratio={self.max_peer_ratio:g}" + (f"^{power}" if power != 1 else "")
+
+    def refuse_state(self, server_round: int, what: str, reason: str) -> None:
+        """Log and record that ``what`` (a piece of strategy state) keeps its old value."""
+        log(WARNING, "round %d: the update of %s refused: %s; it stays as it was", server_round,
+            what, reason)
+        self.report.refused_state.append(f"{what}: {reason}")
+
+    def state_problem(self, new: dict[str, np.ndarray],
+                      old: dict[str, np.ndarray] | None) -> str | None:
+        """Why a new strategy state must not replace ``old`` (guard.state_problem)."""
+        return state_problem(new, old, self.max_update_ratio)
+
+    def weight_cap(self) -> float:
+        """The most examples a reply weighs as: max_examples_ratio x the median of the data
+        survey's counts (inf before a survey or without a cap)."""
+        if self.surveyed is None or not self.surveyed or math.isinf(self.max_examples_ratio):
+            return math.inf
+        return self.max_examples_ratio * float(np.median(list(self.surveyed.values())))
+
+    def capped(self, updates: list[ClientUpdate]) -> list[ClientUpdate]:
+        """The updates with num-examples at most ``weight_cap``: every weight (FedAvg's,
+        FedNova's, FedDisco's, Krum's, the metrics' means) is formed from it."""
+        cap, out = self.weight_cap(), []
+        for update in updates:
+            if update.num_examples > cap:
+                log(WARNING, "round reply from %s weighs as %.12g examples, not its %.12g "
+                    "(max_examples_ratio=%g x the survey's median count)",
+                    self.describe(update.node_id), cap, update.num_examples,
+                    self.max_examples_ratio)
+                update = replace(update, metrics={**update.metrics, NUM_EXAMPLES: cap})
+            out.append(update)
+        return out
