@@ -153,14 +153,14 @@ def check_destination(cfg: ExperimentConfig) -> None:
 
 
 @contextlib.contextmanager
-def app_bundle():
-    """A scratch copy of the Flower app: pyproject.toml and the files its ``fab-include``
-    names. `flwr run` reads every file under the folder it is given before it filters them,
-    and a .venv inside the repository holds some 50,000 (2-3 s a run); the bundle it builds
-    from the copy is the same, byte for byte."""
+def app_bundle(scratch: str | None = None):
+    """A scratch copy of the Flower app (in ``scratch``, else the temporary folder):
+    pyproject.toml and the files its ``fab-include`` names. `flwr run` reads every file under
+    the folder it is given before it filters them, and a .venv inside the repository holds some
+    50,000 (2-3 s a run); the bundle it builds from the copy is the same, byte for byte."""
     with open(APP_DIR / "pyproject.toml", "rb") as f:
         patterns = tomllib.load(f)["tool"]["flwr"]["app"]["fab-include"]
-    with tempfile.TemporaryDirectory(prefix="driftfl-app-") as copy:
+    with tempfile.TemporaryDirectory(prefix="driftfl-app-", dir=scratch) as copy:
         for path in ["pyproject.toml", *{str(p.relative_to(APP_DIR)) for pattern in patterns
                                          for p in APP_DIR.glob(pattern) if p.is_file()}]:
             (Path(copy) / path).parent.mkdir(parents=True, exist_ok=True)
@@ -168,7 +168,8 @@ def app_bundle():
         yield Path(copy)
 
 
-def follow(args: list[str], env: dict[str, str], verbose: bool) -> bool:
+def follow(args: list[str], env: dict[str, str], verbose: bool,
+           scratch: str | None = None) -> bool:
     """Run `flwr run <app> <args>` (``<app>``: a copy of the app, see app_bundle; ``args``
     with --stream), printing its lines as they come (Flower's and Ray's noise left out unless
     ``verbose``) until the run's closing results line: what Flower does after it (shutting Ray
@@ -178,7 +179,7 @@ def follow(args: list[str], env: dict[str, str], verbose: bool) -> bool:
     from driftfl.quiet import relay
     from driftfl.server.console import RESULTS
 
-    with app_bundle() as app, subprocess.Popen(
+    with app_bundle(scratch) as app, subprocess.Popen(
             [_tool("flwr"), "run", str(app), *args], env=env, cwd=APP_DIR,
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1) as flwr:
         try:
@@ -252,7 +253,8 @@ def launch_simulation(cfg: ExperimentConfig, overrides: list[str], run_dir: Path
                           f"client_resources_num_gpus={cfg.simulation.client_gpus}")
             finished = follow([CONNECTION, "--run-config", run_config_arg(overrides, run_dir,
                                                                           resume),
-                               "--federation-config", federation, "--stream"], env, cfg.verbose)
+                               "--federation-config", federation, "--stream"], env, cfg.verbose,
+                              scratch=flwr_home)  # the watchdog removes it after a SIGKILL
         except (SystemExit, KeyboardInterrupt) as stopped:
             if superlink:
                 stop(superlink)

@@ -66,6 +66,10 @@ def test_a_run_killed_with_sigkill_leaves_no_process_behind(tmp_path, fmnist_ava
             assert any(started in c for c in commands.values()), commands
         flwr_home = next(h for p in tree if "flower-superlink" in commands[p.pid]
                          and (h := flwr_home_of(p)))
+        app = next(words[words.index("run") + 1] for c in commands.values()
+                   if "run" in (words := c.split())
+                   and any(w.endswith("flwr") for w in words[:words.index("run")]))
+        assert app.startswith(flwr_home), app  # the app's scratch copy goes with FLWR_HOME
         sessions = {session_of(p.pid) for p in tree} - {os.getsid(0), None}
         killed = time.monotonic()
         run.kill()
@@ -75,7 +79,8 @@ def test_a_run_killed_with_sigkill_leaves_no_process_behind(tmp_path, fmnist_ava
             time.sleep(0.2)
         took = time.monotonic() - killed
         assert remaining == [], f"still running {took:.0f} s after the kill: {remaining}"
-        assert not Path(flwr_home).exists()  # the watchdog removed the scratch FLWR_HOME
+        # the watchdog removed the scratch FLWR_HOME, and with it the app's copy
+        assert not Path(flwr_home).exists()
         print(f"the run's {len(tree)} processes were gone {took:.1f} s after the SIGKILL")
     finally:
         if run.poll() is None:
