@@ -74,23 +74,14 @@ def stop(process: subprocess.Popen, grace: float = 15) -> None:
     own, so a process group is not enough: walk the tree."""
     import psutil
 
+    from driftfl.watchdog import terminate
+
     try:
         root = psutil.Process(process.pid)
         tree = [root, *root.children(recursive=True)]
     except psutil.NoSuchProcess:
         tree = []
-    for proc in tree:
-        try:
-            proc.terminate()
-        except psutil.NoSuchProcess:
-            pass
-    _, alive = psutil.wait_procs(tree, timeout=grace)
-    for proc in alive:
-        try:
-            proc.kill()
-        except psutil.NoSuchProcess:
-            pass
-    psutil.wait_procs(alive, timeout=grace)
+    terminate(tree, grace)
     process.wait()
 
 

@@ -72,18 +72,24 @@ class Run:
         look finds none (Ray may start a worker while the others die)."""
         deadline = time.monotonic() + GIVE_UP
         while (procs := self.processes()) and time.monotonic() < deadline:
-            for proc in procs:
-                try:
-                    proc.terminate()
-                except psutil.Error:
-                    pass
-            _, alive = psutil.wait_procs(procs, timeout=GRACE)
-            for proc in alive:
-                try:
-                    proc.kill()
-                except psutil.Error:
-                    pass
-            psutil.wait_procs(alive, timeout=GRACE)
+            terminate(procs, GRACE)
+
+
+def terminate(procs: list[psutil.Process], grace: float) -> None:
+    """SIGTERM ``procs``, SIGKILL what is left after ``grace`` seconds, and wait as long again
+    (one that is gone already, or not ours, is skipped). `driftfl run`'s stop uses it too."""
+    for proc in procs:
+        try:
+            proc.terminate()
+        except psutil.Error:
+            pass
+    _, alive = psutil.wait_procs(procs, timeout=grace)
+    for proc in alive:
+        try:
+            proc.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(alive, timeout=grace)
 
 
 def main(parent: int, flwr_home: str) -> None:
