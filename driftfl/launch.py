@@ -246,9 +246,7 @@ def launch_simulation(cfg: ExperimentConfig, overrides: list[str], run_dir: Path
                                                                           resume),
                                "--federation-config", federation, "--stream"], env, cfg.verbose,
                               scratch=flwr_home)  # the watchdog removes it after a SIGKILL
-        except (SystemExit, KeyboardInterrupt) as stopped:
-            if superlink:
-                stop(superlink)
+        except (SystemExit, KeyboardInterrupt) as stopped:  # `finally` stops the SuperLink
             print(f"driftfl: stopped{resume_hint(run_dir, overrides, '; ')}", file=sys.stderr)
             # one line, no traceback: Ctrl-C exits 130 as a shell expects
             code = stopped.code if isinstance(stopped, SystemExit) else 128 + signal.SIGINT
