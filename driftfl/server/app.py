@@ -105,17 +105,18 @@ def run_experiment(grid: Grid, experiment: Experiment, run_dir: Path, run_id: in
     random.seed(cfg.seed)
     np.random.seed(cfg.seed)
     # too few simulated nodes is known at once: refused before the run directory is written
-    simulated = simulated_nodes(grid, cfg.num_clients) if isinstance(grid, InMemoryGrid) else []
-    owners = experiment_owners(cfg, deployed=not isinstance(grid, InMemoryGrid))
+    deployed = not isinstance(grid, InMemoryGrid)  # else Flower's simulation, in this process
+    simulated = simulated_nodes(grid, cfg.num_clients) if not deployed else []
+    owners = experiment_owners(cfg, deployed)
     model = experiment.initial_model()
     strategy = build_strategy(cfg, model, experiment.aux_set(model),
-                              deployed=not isinstance(grid, InMemoryGrid))
+                              deployed=deployed)
     saved = checkpoint.load(run_dir, cfg, model, strategy) if resume else None
     recorder = RunRecorder(run_dir, cfg, run_id, saved)
     # what every message to a client carries: the experiment and how to read its data
     experiment_record = ConfigRecord({EXPERIMENT: cfg.to_json(),
                                       DATASET_META: experiment.meta.to_json()})
-    if isinstance(grid, InMemoryGrid):  # Flower's simulation: the server assigns partitions
+    if not deployed:  # Flower's simulation: the server assigns partitions
         clients = assign_partitions(registration_order(grid, simulated), cfg.num_clients,
                                     experiment.partition_histograms)
         metered = MeteredGrid(AssigningGrid(grid, clients))
@@ -131,7 +132,7 @@ def run_experiment(grid: Grid, experiment: Experiment, run_dir: Path, run_id: in
         recorder.clients_moved(now, moved)
 
     roster = None
-    if not isinstance(grid, InMemoryGrid):
+    if deployed:
         print(f"driftfl: each round is saved in {run_dir / checkpoint.CHECKPOINT}; should the "
               f"run stop, go on with resume={run_dir} (driftfl run superlink=...) or "
               "resume=true in the same run config (flwr run)", flush=True)
@@ -152,7 +153,7 @@ def run_experiment(grid: Grid, experiment: Experiment, run_dir: Path, run_id: in
                                     "label_histogram": np.bincount(
                                         aux_labels, minlength=experiment.data.num_classes
                                     ).tolist()}})
-    if moved and not isinstance(grid, InMemoryGrid):  # simulated node ids are new every run
+    if moved and deployed:  # simulated node ids are new every run
         recorder.clients_moved(clients, moved)
 
     evaluator = RoundEvaluator(experiment, copy.deepcopy(model), strategy, metered, recorder)
