@@ -10,7 +10,8 @@ import pytest
 
 from driftfl.strategies import FedAvg
 from driftfl.strategies.aggregation import Aggregation
-from driftfl.strategies.guard import lower_median, norm, peer_outliers, state_problem
+from driftfl.strategies.aggregation import model_norm as norm
+from driftfl.strategies.guard import lower_median, peer_outliers, state_problem
 from driftfl.strategies.robust import (KrumAggregation, MedianAggregation,
                                        TrimmedMeanAggregation)
 from test_reply_checks import train_reply

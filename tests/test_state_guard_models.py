@@ -26,7 +26,8 @@ from driftfl.server.experiment import prepare_experiment
 from driftfl.strategies.aggregation import to_numpy
 from driftfl.strategies.fedcurv import FISHER_BOUND, FedCurv, sums
 from driftfl.strategies.feddyn import FedDyn, next_h
-from driftfl.strategies.guard import distance, lower_median, norm
+from driftfl.strategies.aggregation import model_norm as norm, update_norm as distance
+from driftfl.strategies.guard import lower_median
 from driftfl.strategies.robust import MedianAggregation
 from driftfl.strategies.scaffold import update_control
 from test_fedcurv import reply as curv_reply

@@ -40,7 +40,6 @@ from driftfl.common.training import TrainSettings
 
 from .aggregation import (Aggregation, ClientUpdate, check_reply, example_weights, mean_metrics,
                           norm_bound, to_numpy, to_record, update_norm)
-from . import guard
 from .guard import ReplyGuard
 from .nodes import wait_for_nodes
 from .federated_evaluation import FederatedEvaluation
@@ -295,7 +294,7 @@ class DriftStrategy(FederatedEvaluation, ReplyGuard, FedAvg):
             else:
                 updates.append(checked)
         self.report = report
-        updates = self.peer_screen(updates, "update", lambda u: guard.distance(
+        updates = self.peer_screen(updates, "update", lambda u: update_norm(
             u.arrays, self.global_arrays))
         updates = self.capped(self.screen(updates))
         report.clients = len(updates)

@@ -27,6 +27,7 @@ from flwr.app import Array, ArrayRecord
 from driftfl.common.protocol import FISHER, FISHER_PENALTY
 
 from . import guard
+from .aggregation import model_norm
 from .base import DriftStrategy
 
 # A squared gradient component above this is no Fisher a sane model produces: corrupt or hostile.
@@ -94,16 +95,16 @@ class FedCurv(DriftStrategy):
     def screen(self, updates):
         # F_k is quadratic in the gradients: honest non-IID clients' norms spread as the
         # square of their updates' (13x seen among three CNN clients), hence max_peer_ratio^2
-        size = lambda u: guard.norm(self.checked[u.node_id])
+        size = lambda u: model_norm(self.checked[u.node_id])
         updates = self.peer_screen(updates, FISHER, size, power=2)
         kept = {**self.norms, **{u.node_id: size(u) for u in updates}}
         median = guard.lower_median(list(kept.values()))
-        for u in updates:
-            if not kept[u.node_id] <= self.max_peer_ratio ** 2 * median:
-                self.record_rejection(self.report, u.node_id, (
-                    f"its {FISHER}'s norm {kept[u.node_id]:.3g} is over {self.ratio_text(2)} "
-                    f"x the kept nodes' median {median:.3g}"))
-        return [u for u in updates if kept[u.node_id] <= self.max_peer_ratio ** 2 * median]
+        over = [u for u in updates if not kept[u.node_id] <= self.max_peer_ratio ** 2 * median]
+        for u in over:
+            self.record_rejection(self.report, u.node_id, (
+                f"its {FISHER}'s norm {kept[u.node_id]:.3g} is over {self.ratio_text(2)} "
+                f"x the kept nodes' median {median:.3g}"))
+        return [u for u in updates if u not in over]
 
     def configure_train(self, server_round, arrays, config, grid):
         # the sums over every node's latest terms, once a round
@@ -143,7 +144,7 @@ class FedCurv(DriftStrategy):
             self.refuse_state(server_round, "FedCurv's Fisher sums", problem)
         else:
             self.fisher, self.weighted = fisher, weighted
-            self.norms.update({u.node_id: guard.norm(self.checked[u.node_id])
+            self.norms.update({u.node_id: model_norm(self.checked[u.node_id])
                                for u in self.last_updates})
         return arrays, metrics
 

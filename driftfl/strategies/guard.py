@@ -27,20 +27,7 @@ from flwr.supercore import log
 
 from driftfl.common.protocol import NUM_EXAMPLES
 
-from .aggregation import ClientUpdate
-
-
-def norm(arrays: Mapping[str, np.ndarray] | np.ndarray) -> float:
-    """The L2 norm over the floating arrays (float64 sums; NaN where one is not finite)."""
-    values = arrays.values() if isinstance(arrays, Mapping) else [arrays]
-    return math.sqrt(sum(float(np.sum(np.square(v, dtype=np.float64)))
-                         for v in values if np.asarray(v).dtype.kind == "f"))
-
-
-def distance(new: Mapping[str, np.ndarray], old: Mapping[str, np.ndarray]) -> float:
-    """||new - old||_2 over the floating arrays of ``new`` (float64)."""
-    return math.sqrt(sum(float(np.sum(np.square(v.astype(np.float64) - old[k])))
-                         for k, v in new.items() if v.dtype.kind == "f"))
+from .aggregation import ClientUpdate, model_norm, update_norm
 
 
 def lower_median(values: Sequence[float]) -> float:
@@ -66,7 +53,7 @@ def state_problem(new: Mapping[str, np.ndarray], old: Mapping[str, np.ndarray] |
         if value.dtype.kind == "f" and not np.isfinite(value).all():
             return f"'{key}' would hold NaN or infinite values"
     base = old if old is not None else {k: np.zeros_like(v) for k, v in new.items()}
-    moved, bound = distance(new, base), ratio * max(1.0, norm(base))
+    moved, bound = update_norm(new, base), ratio * max(1.0, model_norm(base))
     if not moved <= bound:
         return f"it would move by {moved:.3g}, over the bound {bound:.3g} (max_update_ratio)"
     return None

@@ -28,8 +28,7 @@ from flwr.app import Message
 from driftfl.common.protocol import CONTROL, CONTROL_DELTA, LOCAL_STEPS
 from driftfl.common.sgd import nova_normaliser
 
-from . import guard
-from .aggregation import ClientUpdate, to_record
+from .aggregation import ClientUpdate, model_norm, to_record
 from .base import DriftStrategy
 
 # ||Delta c_reply - Delta c_server|| may be at most this times ||c|| + ||(w_G - w_k)/(a_k lr)||.
@@ -133,7 +132,7 @@ class Scaffold(DriftStrategy):
 
     def screen(self, updates):
         return self.peer_screen(updates, CONTROL_DELTA,
-                                lambda u: guard.norm(self.deltas[u.node_id]))
+                                lambda u: model_norm(self.deltas[u.node_id]))
 
     def aggregate_train(self, server_round, replies):
         self.deltas = {}
