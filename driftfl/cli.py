@@ -5,6 +5,8 @@
     driftfl run -m [sweep overrides]    a Hydra multirun: one run directory per job
     driftfl report DIR...               tables and plots over many runs
     driftfl split DIR [overrides]       each client's share of the data as its own file
+    driftfl audit RUN_DIR               how close the images a run's clients shipped are to
+                                        their real data
     driftfl secure init|connect|register|proxy
                                         credentials, connections, node registration, the
                                         fleet proxy
@@ -43,6 +45,12 @@ commands:
   split DIR [overrides]
                       write each client's share of the experiment's partition to
                       DIR/client-<k>.npz, for SuperNodes that hold only their own data
+  audit RUN_DIR [--data DIR] [--threshold T]
+                      how close the images a run's clients shipped (DCFL's condensed sets) are
+                      to their own real data: the share of near-copies (Pearson correlation
+                      >= 0.95) per client, audit.json, and a PNG pairing each shipped image
+                      with its nearest real one; a deployed run's data: --data DIR, the files
+                      `driftfl split` wrote
   secure init|connect|register|proxy
                       a secure deployment: the CA, the SuperLink's certificate and node keys;
                       a SuperLink connection for flwr; registering node keys; the proxy
@@ -93,6 +101,10 @@ def _run_job(cfg, hydra_subdir: str | None = None, keep: Path | None = None,
     code = launch(experiment_cfg, overrides, run_dir, resume)
     if code:
         raise SystemExit(code)
+    if not deployed:  # what the clients shipped (DCFL), against their data, loaded here already
+        from driftfl.audit import audit_after_run
+
+        audit_after_run(run_dir, experiment)
 
 
 # driftfl run sets hydra.output_subdir to null so that Hydra writes nothing before the job has
@@ -343,6 +355,10 @@ def dispatch(argv: list[str]) -> None:
         from driftfl.report import main as report
 
         report(args)
+    elif command == "audit":
+        from driftfl.audit import main as audit
+
+        audit(args)
     elif command == "split":
         from driftfl.deploy.split import main as split
 
@@ -352,9 +368,8 @@ def dispatch(argv: list[str]) -> None:
 
         secure(args)
     else:
-        print(f"driftfl: unknown command '{command}'; valid: report, run, secure, split\n\n"
-              f"{USAGE}",
-              file=sys.stderr, end="")
+        print(f"driftfl: unknown command '{command}'; valid: audit, report, run, secure, "
+              f"split\n\n{USAGE}", file=sys.stderr, end="")
         raise SystemExit(2)
 
 

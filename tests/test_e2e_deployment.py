@@ -246,8 +246,8 @@ def test_dcfl_condenses_and_exchanges_through_real_supernodes(tmp_path, fmnist_a
     assert rows[-1]["test_accuracy"] > rows[0]["test_accuracy"] + 0.3, rows
     assert rows[1]["explored_total"] == 2 and rows[1]["pretrain_accuracy"] > 0.1
     assert rows[2]["condensed_bytes_sent"] > 0 and rows[2]["rejected"] == 0
-    assert sorted(p.name for p in (run_dir / "images").iterdir()) == ["client_0.png",
-                                                                      "client_1.png"]
+    assert sorted(p.name for p in (run_dir / "images").iterdir()) == [
+        "client_0.npz", "client_0.png", "client_1.npz", "client_1.png"]
 
 
 def test_nodes_that_cannot_read_their_data_stop_the_run_before_training(tmp_path,

@@ -124,8 +124,17 @@ def test_sweep_runs_every_method_in_its_own_directory(tmp_path, fmnist_available
     assert 0.1 < dcfl[1]["pretrain_accuracy"] < 1 and dcfl[1]["explored_total"] == 4
     assert dcfl[1]["condensed_bytes_received"] > 0 and dcfl[2]["condensed_bytes_sent"] > 0
     assert dcfl[2]["exploited"] and dcfl[2]["bytes_sent"] > avg[2]["bytes_sent"]
-    assert sorted(p.name for p in (jobs["dcfl"] / "images").iterdir()) == [
-        f"client_{i}.png" for i in range(4)]
+    # each shipped set as a picture, as arrays in pixel scale, and paired with its nearest
+    # real image by the audit `driftfl run` runs after a run that shipped images
+    assert sorted(p.name for p in (jobs["dcfl"] / "images").iterdir()) == sorted(
+        f"{stem}client_{i}.{ext}" for i in range(4)
+        for stem, ext in (("", "png"), ("", "npz"), ("pairs_", "png")))
+    with np.load(jobs["dcfl"] / "images" / "client_0.npz") as shipped:
+        assert shipped["x"].dtype == np.uint8 and shipped["x"].shape[1:] == (28, 28)
+        assert len(shipped["y"]) == len(shipped["x"])
+    leakage = json.loads((jobs["dcfl"] / "summary.json").read_text())["condensed_leakage"]
+    assert sorted(leakage["clients"]) == ["0", "1", "2", "3"]
+    assert leakage == json.loads((jobs["dcfl"] / "audit.json").read_text())
     with np.load(jobs["dcfl"] / "cka.npz") as matrices:
         cka = matrices["round_2"]
         assert cka.shape == (4, 4) and np.allclose(np.diag(cka), 1) and np.allclose(cka, cka.T)

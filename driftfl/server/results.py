@@ -17,6 +17,7 @@ import torch
 import yaml
 
 from driftfl.common.config import ExperimentConfig
+from driftfl.common.leakage import to_pixels
 
 from .tracker import make_tracker
 
@@ -142,11 +143,15 @@ class RunRecorder:
             np.savez_compressed(self.dir / f"{name}.npz", **self.arrays[name])
 
     def add_images(self, images: dict[str, tuple[np.ndarray, np.ndarray]], mean, std) -> None:
-        """Image sets (DCFL's condensed sets) as PNG grids under images/, a row per class."""
+        """Image sets (DCFL's condensed sets) under images/: a PNG grid, a row per class, and
+        the arrays in the dataset's pixel scale (``x`` uint8 (N, H, W) or (N, H, W, C), ``y``),
+        which `driftfl audit` and any script can compare with the clients' real data."""
         for name, (x, y) in images.items():
             folder = self.dir / "images"
             folder.mkdir(exist_ok=True)
             plot_image_grid(x, y, mean, std, folder / f"{name}.png", name)
+            np.savez_compressed(folder / f"{name}.npz", x=to_pixels(x, mean, std),
+                                y=np.asarray(y, dtype=np.int64))
 
     def finish(self, model: torch.nn.Module, summary: dict, title: str) -> None:
         torch.save(model.state_dict(), self.dir / "model.pt")

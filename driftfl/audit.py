@@ -1,0 +1,224 @@
+"""`driftfl audit RUN_DIR [--data DIR] [--threshold T]`: how close the images a run's clients
+shipped (DCFL's condensed sets, ``images/client_<id>.npz``) are to each client's own real
+training data (the measure: driftfl.common.leakage).
+
+A simulated run's client data is rebuilt as the simulation split it (the run's config.yaml:
+dataset, partition, seed, the server's aux set left out). A deployed run's data stayed on its
+nodes: ``--data DIR`` names the files `driftfl split` wrote (``client-<k>.npz``), or a copy
+of each node's own .npz named so. Writes ``audit.json`` and ``images/pairs_client_<id>.png``
+into the run directory and prints a line per client. `driftfl run` runs it after every
+simulated run that shipped images and adds the result to summary.json (``condensed_leakage``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from driftfl.common.errors import ConfigError
+from driftfl.common.leakage import THRESHOLD, channels_last, nearest_real, plot_pairs, summarise
+
+USAGE = "usage: driftfl audit RUN_DIR [--data DIR] [--threshold T]"
+SPLIT_HINT = "pass --data DIR with the client-<k>.npz files `driftfl split` wrote"
+
+
+def shipped_sets(run_dir: Path) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Every client's shipped set in the run directory, by client name (``client_<name>``)."""
+    found = {}
+    for path in sorted((run_dir / "images").glob("client_*.npz")):
+        try:
+            with np.load(path, allow_pickle=False) as arrays:
+                found[path.stem.removeprefix("client_")] = (arrays["x"], arrays["y"])
+        except (OSError, ValueError, KeyError) as err:
+            raise ConfigError(f"cannot read {path}: {err}") from None
+    return dict(sorted(found.items(), key=lambda item: _order(item[0])))
+
+
+def _order(name: str) -> tuple:
+    return (0, int(name), "") if name.isdigit() else (1, 0, name)
+
+
+def read_config(run_dir: Path) -> dict:
+    import yaml
+
+    config = run_dir / "config.yaml"
+    if not run_dir.is_dir() or not config.is_file():
+        raise ConfigError(f"{run_dir} is not a run directory (no config.yaml); name a "
+                          "directory `driftfl run` wrote")
+    try:
+        return yaml.safe_load(config.read_text())
+    except yaml.YAMLError as err:
+        raise ConfigError(f"cannot read {config}: {err}") from None
+
+
+class PartitionData:
+    """Each client's real training images as the simulation split them."""
+
+    def __init__(self, experiment, expected: dict[str, int]):
+        from driftfl.common.partition import partition
+
+        cfg, data = experiment.cfg, experiment.data
+        self.data, self.expected = data, expected
+        self.parts = partition(data.train_y, cfg.partition, cfg.num_clients, cfg.seed,
+                               experiment.aux_indices)
+
+    def check(self, names: list[str]) -> None:
+        """ConfigError for a client whose data cannot be rebuilt here, before any is measured."""
+        for name in names:
+            if not name.isdigit() or int(name) >= len(self.parts):
+                raise ConfigError(f"client {name} is not one of the experiment's partitions "
+                                  f"(a node with its own data); {SPLIT_HINT}, or that node's "
+                                  f"own .npz as client-{name}.npz")
+            known, rebuilt = self.expected.get(name), len(self.parts[int(name)])
+            if known is not None and known != rebuilt:
+                raise ConfigError(f"client {name}'s partition rebuilt here holds {rebuilt} "
+                                  f"images, but the run's partition.json says {known}: not the "
+                                  f"data it trained on; {SPLIT_HINT}")
+
+    def __call__(self, name: str) -> np.ndarray:
+        return channels_last(self.data.train_x[self.parts[int(name)]])
+
+
+class FolderData:
+    """Each client's real training images from ``client-<name>.npz`` files in a folder."""
+
+    def __init__(self, folder: Path):
+        if not folder.is_dir():
+            raise ConfigError(f"--data {folder}: no such folder; {SPLIT_HINT}")
+        self.folder = folder
+
+    def check(self, names: list[str]) -> None:
+        for name in names:
+            path = self.folder / f"client-{name}.npz"
+            if not path.is_file():
+                raise ConfigError(f"{path} is missing: --data names the folder `driftfl split` "
+                                  f"wrote, with client-<k>.npz for each client")
+
+    def __call__(self, name: str) -> np.ndarray:
+        from driftfl.common.loaders import read_npz
+
+        return channels_last(read_npz(self.folder / f"client-{name}.npz")[0])
+
+
+def client_counts(run_dir: Path) -> dict[str, int]:
+    """Examples per client name as the run's partition.json recorded them (empty if absent)."""
+    try:
+        clients = json.loads((run_dir / "partition.json").read_text())["clients"]
+        return {str(c["partition_id"]): int(c["num_examples"]) for c in clients
+                if c.get("partition_id", -1) >= 0}
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+
+
+def real_data(run_dir: Path, config: dict, data_dir: Path | None, experiment=None):
+    """A function from a client's name to its real images in pixel layout."""
+    if data_dir is not None:
+        return FolderData(data_dir)
+    if experiment is None:
+        if config.get("superlink"):
+            raise ConfigError(f"{run_dir} is a deployed run: its clients' data stayed on their "
+                              f"nodes; {SPLIT_HINT}")
+        from driftfl.server.experiment import prepare_experiment
+
+        try:  # on any machine: the run's device is not needed to read its data
+            experiment = prepare_experiment({**config, "device": "cpu",
+                                             "simulation": {**config.get("simulation", {}),
+                                                            "client_gpus": 0.0}})
+        except ConfigError as err:
+            raise ConfigError(f"cannot rebuild the clients' data of {run_dir}: {err}; or "
+                              f"{SPLIT_HINT}") from None
+    return PartitionData(experiment, client_counts(run_dir))
+
+
+def audit(run_dir: Path, data_dir: Path | None = None, threshold: float = THRESHOLD,
+          experiment=None, out=print) -> dict | None:
+    """Measure every shipped set of the run against its client's real data; write audit.json
+    and the pairs' PNGs; print a line per client with ``out``. The report (per client and
+    overall, as in audit.json); None for a run that shipped no images. ``experiment``: the
+    run's, already loaded (`driftfl run` has it)."""
+    config = read_config(run_dir)
+    shipped = shipped_sets(run_dir)
+    if not shipped:
+        return None
+    real_of = real_data(run_dir, config, data_dir, experiment)
+    real_of.check(list(shipped))
+    out(f"condensed images each client shipped, against its own real images (Pearson "
+        f"correlation; a copy at >= {threshold:g}):")
+    clients, pooled = {}, []
+    for name, (x, y) in shipped.items():
+        real = real_of(name)
+        if len(x) == 0:
+            leakage = summarise(np.zeros(0), threshold)
+        else:
+            try:
+                index, correlation = nearest_real(x, real)
+            except ValueError as err:
+                raise ConfigError(f"client {name}: {err}") from None
+            leakage = summarise(correlation, threshold)
+            pooled.append(correlation)
+            plot_pairs(x, y, real, index, correlation,
+                       run_dir / "images" / f"pairs_client_{name}.png",
+                       f"client {name}: {leakage.copies} of {leakage.images} shipped images "
+                       f"are near-copies", threshold)
+        clients[name] = leakage.as_dict()
+        out(f"  client {name}: {leakage.line()}")
+    overall = summarise(np.concatenate(pooled) if pooled else np.zeros(0), threshold)
+    out(f"  all clients: {overall.line().replace(' of this client', '')}")
+    report = {"clients": clients, "overall": overall.as_dict()}
+    (run_dir / "audit.json").write_text(json.dumps(report, indent=2) + "\n")
+    return report
+
+
+def audit_after_run(run_dir: Path, experiment) -> None:
+    """`driftfl run`'s audit of a finished simulated run that shipped images: the lines, and
+    ``condensed_leakage`` in summary.json. Any failure is a warning: the run itself is done,
+    and its status and exit code stay what the run made them."""
+    try:
+        report = audit(run_dir, experiment=experiment)
+        if report is None:
+            return
+        summary_path = run_dir / "summary.json"
+        summary = json.loads(summary_path.read_text())
+        summary["condensed_leakage"] = report
+        summary_path.write_text(json.dumps(summary, indent=2) + "\n")
+    except Exception as err:
+        reason = err if isinstance(err, ConfigError) else f"{type(err).__name__}: {err}"
+        print(f"driftfl: warning: the audit of the shipped images failed: {reason} "
+              f"(driftfl audit {run_dir})", file=sys.stderr)
+
+
+def main(args: list[str]) -> None:
+    parser = argparse.ArgumentParser(prog="driftfl audit", usage=USAGE, description=(
+        "How close the images a run's clients shipped (DCFL's condensed sets) are to their own "
+        "real data: per client the share of near-copies and the median nearest correlation; "
+        "writes audit.json and images/pairs_client_<id>.png into the run directory."))
+    parser.add_argument("run_dir", type=Path, help="a run directory `driftfl run` wrote")
+    parser.add_argument("--data", type=Path, default=None,
+                        help="a deployed run: the folder of client-<k>.npz `driftfl split` wrote")
+    parser.add_argument("--threshold", type=float, default=THRESHOLD,
+                        help=f"Pearson correlation that counts as a copy (default {THRESHOLD})")
+
+    def refuse(message: str):
+        raise ConfigError(f"{message} ({USAGE})")
+
+    parser.error = refuse
+    try:
+        options = parser.parse_args(args)
+        if not -1 <= options.threshold <= 1:
+            raise ConfigError(f"--threshold must be a correlation in [-1, 1], got "
+                              f"{options.threshold}")
+        run_dir = options.run_dir.expanduser()
+        read_config(run_dir)
+        if not any((run_dir / "images").glob("client_*.npz")):
+            raise ConfigError(f"{run_dir} holds no shipped images (images/client_<id>.npz): "
+                              "only DCFL runs ship images, and runs before `driftfl audit` "
+                              "kept them only as PNGs")
+        audit(run_dir, options.data, options.threshold)
+    except ConfigError as err:
+        print(f"driftfl: error: {err}", file=sys.stderr)
+        raise SystemExit(2) from None
+    print(f"wrote {run_dir / 'audit.json'} and images/pairs_client_<id>.png")
