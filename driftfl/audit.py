@@ -38,6 +38,10 @@ def shipped_sets(run_dir: Path) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     return dict(sorted(found.items(), key=lambda item: _order(item[0])))
 
 
+def shipped_anything(run_dir: Path) -> bool:
+    return any((run_dir / "images").glob("client_*.npz"))
+
+
 def _order(name: str) -> tuple:
     return (0, int(name), "") if name.isdigit() else (1, 0, name)
 
@@ -177,6 +181,8 @@ def audit_after_run(run_dir: Path, experiment) -> None:
     """`driftfl run`'s audit of a finished simulated run that shipped images: the lines, and
     ``condensed_leakage`` in summary.json. Any failure is a warning: the run itself is done,
     and its status and exit code stay what the run made them."""
+    if not shipped_anything(run_dir):
+        return
     try:
         report = audit(run_dir, experiment=experiment)
         if report is None:
@@ -213,7 +219,7 @@ def main(args: list[str]) -> None:
                               f"{options.threshold}")
         run_dir = options.run_dir.expanduser()
         read_config(run_dir)
-        if not any((run_dir / "images").glob("client_*.npz")):
+        if not shipped_anything(run_dir):
             raise ConfigError(f"{run_dir} holds no shipped images (images/client_<id>.npz): "
                               "only DCFL runs ship images, and runs before `driftfl audit` "
                               "kept them only as PNGs")

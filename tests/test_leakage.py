@@ -199,6 +199,12 @@ def test_after_a_run_the_audit_goes_into_the_summary_and_a_failure_is_only_a_war
     assert err.startswith("driftfl: warning: the audit of the shipped images failed: cannot "
                           f"read {run_dir / 'images' / 'client_1.npz'}"), err
 
+    for path in (run_dir / "images").glob("client_*.npz"):  # a run that shipped nothing
+        path.unlink()
+    audit_after_run(run_dir, None)
+    assert capsys.readouterr() == ("", "")
+    assert json.loads((run_dir / "summary.json").read_text()) == {"status": "completed"}
+
 
 def test_audit_reads_a_deployed_runs_data_from_the_files_split_wrote(run_dir, tmp_path, capsys):
     from driftfl.audit import main
