@@ -1,5 +1,5 @@
-"""Server-side aggregation: FedAvg, FedNova, FedAvgM on hand-computed cases, and the checks
-that keep a bad reply away from the global model."""
+"""Server-side aggregation: FedAvg, FedNova, FedAvgM, FedDisco on hand-computed cases, and the
+checks that keep a bad reply away from the global model."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from flwr.app import (Array, ArrayRecord, ConfigRecord, Error, Message, Metadata
 
 from driftfl.common.protocol import ARRAYS, LOCAL_STEPS, METRICS, NUM_EXAMPLES
 from driftfl.strategies import FedAvg, FedAvgM, FedNovaAggregation
-from driftfl.strategies.aggregation import (check_reply, example_weights, mean_metrics,
-                                            weighted_average)
+from driftfl.strategies.aggregation import (ClientUpdate, check_reply, example_weights,
+                                            mean_metrics, weighted_average)
 from driftfl.strategies.fednova import nova_normaliser
 
 GLOBAL = {"w": np.array([1.0, 1.0], np.float32), "count": np.array(5, np.int64)}
@@ -191,3 +191,53 @@ def test_fedavgm_applies_server_momentum_to_the_checked_average():
     arrays, _ = aggregate(strategy, [reply(1, [0.0, 0.0], n=1)])
     assert np.allclose(arrays["w"], [-0.5, -0.5])  # Delta = 0, v = 0.5 * v, w = 0 - 0.5
     assert arrays["count"].dtype == np.int64 and arrays["count"].shape == ()  # still a counter
+
+
+# --- FedDisco's discrepancy: l2 (ALGORITHMS.md, the default) or kl (the authors' scripts) -------
+
+def disco_round(metric):
+    """Three surveyed nodes, C = 4, with 40, 40 and 20 examples; FedDisco's round weights."""
+    from driftfl.strategies.feddisco import FedDiscoAggregation
+
+    aggregation = FedDiscoAggregation(a=0.5, b=0.1, metric=metric)
+    aggregation.meet([{"node_id": node, "label_histogram": hist} for node, hist in
+                      ((1, [3, 1, 0, 0]), (2, [2, 2, 0, 0]), (3, [1, 1, 1, 1]))])
+    updates = [ClientUpdate(node, {}, {NUM_EXAMPLES: n}, None)
+               for node, n in ((1, 40.0), (2, 40.0), (3, 20.0))]
+    return aggregation, aggregation.weights(updates)
+
+
+def test_feddisco_kl_discrepancy_on_a_hand_checked_histogram():
+    from driftfl.strategies.feddisco import discrepancy
+
+    # D = (3/4, 1/4, 0, 0), U = 1/4: KL = 3/4 ln(3/4 * 4) + 1/4 ln(1/4 * 4) = 3/4 ln 3 = 0.823959;
+    # the empty classes add 0 (0 log 0 = 0, as scipy.special.kl_div in the authors' code)
+    assert discrepancy([3, 1, 0, 0], "kl") == pytest.approx(0.75 * np.log(3))
+    assert discrepancy([2, 2, 0, 0], "kl") == pytest.approx(np.log(2))  # 1/2 ln 2 + 1/2 ln 2
+    assert discrepancy([1, 1, 1, 1], "kl") == 0.0
+    # the round's d_k are the KLs over their sum: 0.823959 / 1.517106 = 0.543112, 0.456888, 0;
+    # p ∝ ReLU(n_k/n - 0.5 d_k + 0.1) = (0.228444, 0.271556, 0.3), / 0.8
+    aggregation, weights = disco_round("kl")
+    assert weights == pytest.approx([0.285555, 0.339445, 0.375], abs=1e-6)
+    # a round where every client is uniform: every d_k is 0 (the authors' rule), p = n_k/n + b
+    aggregation.discrepancies = {1: 0.0, 2: 0.0}
+    assert aggregation.weights([ClientUpdate(k, {}, {NUM_EXAMPLES: n}, None)
+                                for k, n in ((1, 30.0), (2, 10.0))]) == pytest.approx(
+        [0.85 / 1.2, 0.35 / 1.2])
+
+
+def test_feddisco_l2_is_the_default_and_keeps_its_numbers():
+    from driftfl.common.config import compose
+    from driftfl.methods import check_experiment
+    from driftfl.strategies.feddisco import FedDiscoAggregation
+
+    cfg = check_experiment(compose(["strategy=feddisco"]))
+    assert cfg.aggregation.metric == "l2"
+    assert FedDiscoAggregation.from_config(cfg, None).metric == "l2"
+    # d_k = ||D_k - U||_2 = sqrt(0.375) = 0.612372, 0.5, 0 (not divided by the round's sum);
+    # p ∝ (0.4 - 0.306186 + 0.1, 0.4 - 0.25 + 0.1, 0.2 + 0.1) = (0.193814, 0.25, 0.3)
+    aggregation, weights = disco_round("l2")
+    assert list(aggregation.discrepancies.values()) == pytest.approx([np.sqrt(0.375), 0.5, 0])
+    assert weights == pytest.approx([0.260568, 0.336106, 0.403327], abs=1e-6)
+    cfg = check_experiment(compose(["strategy=feddisco", "aggregation.metric=kl"]))
+    assert FedDiscoAggregation.from_config(cfg, None).metric == "kl"

@@ -247,6 +247,32 @@ def test_global_prototypes_are_the_count_weighted_mean_and_unheld_classes_absent
     assert p_g[2].tolist() == [0, 0] and present.tolist() == [True, True, False]
 
 
+def test_plain_prototype_mean_is_the_unweighted_mean_over_the_holders():
+    a = (np.array([[1, 1], [2, 2], [0, 0]], np.float32), np.array([3, 1, 0]))
+    b = (np.array([[5, 5], [4, 4], [7, 7]], np.float32), np.array([1, 3, 0]))
+    p_g, present = weighted_prototypes([a, b], 3, 2, by_counts=False)
+    assert p_g[0].tolist() == [3, 3]  # (1 + 5) / 2, whatever the counts 3 and 1
+    assert p_g[1].tolist() == [3, 3]  # (2 + 4) / 2
+    assert p_g[2].tolist() == [0, 0] and present.tolist() == [True, True, False]
+    # a class one reply holds is that reply's prototype under either mean
+    c = (np.array([[9, 9], [0, 0], [6, 6]], np.float32), np.array([2, 0, 5]))
+    assert weighted_prototypes([a, c], 3, 2, by_counts=False)[0][2].tolist() == [6, 6]
+
+
+def test_prototype_mean_setting_reaches_the_strategy(server_task):
+    weighted, weights = proto_strategy([1, 2], [[5, 5, 0], [5, 5, 0]])
+    plain, _ = proto_strategy([1, 2], [[5, 5, 0], [5, 5, 0]], "strategy.prototype_mean=plain")
+    assert weighted.by_counts and not plain.by_counts
+    ones = np.ones((3, 4), np.float32)
+    for strategy in (weighted, plain):
+        strategy.configure_train(1, ArrayRecord({k: Array(v) for k, v in weights.items()}),
+                                 ConfigRecord(), Grid([1, 2]))
+        strategy.aggregate_train(1, [proto_reply(1, weights, ones * [[1], [1], [0]], [4, 1, 0]),
+                                     proto_reply(2, weights, ones * [[3], [3], [0]], [1, 4, 0])])
+    assert weighted.prototypes[:2, 0].tolist() == pytest.approx([1.4, 2.6])  # 7/5, 13/5
+    assert plain.prototypes[:2, 0].tolist() == [2, 2]  # (1 + 3) / 2 for both classes
+
+
 def test_prototype_replies_are_checked():
     good = proto_reply(1, {}, np.zeros((3, 2), np.float32), np.array([1, 0, 2]))
     assert isinstance(check_feature_prototypes(good, 3, 2), tuple)
@@ -273,9 +299,10 @@ class Grid:
         return list(self.nodes)
 
 
-def proto_strategy(nodes, histograms=None):
+def proto_strategy(nodes, histograms=None, *overrides):
     """``histograms``: each node's surveyed label histogram (the counts a reply may send)."""
-    cfg = check_experiment(compose(["strategy=fedproto", f"num_clients={len(nodes)}"]))
+    cfg = check_experiment(compose(["strategy=fedproto", f"num_clients={len(nodes)}",
+                                    *overrides]))
     torch.manual_seed(0)
     model = build_model({"name": "mlp", "hidden": [4]}, (1, 2, 2), 3)
     strategy = build_strategy(cfg, model)

@@ -2,8 +2,10 @@
 
 Each train reply brings the node's prototypes P_k (C, d), its per-class mean features, and
 its per-class counts n_k. Over the replies accepted this round:
-  P_G,c = sum_k n_k,c P_k,c / sum_k n_k,c   for the classes some node held;
-a class nobody held this round has no global prototype (the authors replace P_G every round).
+  P_G,c = sum_k n_k,c P_k,c / sum_k n_k,c   for the classes some node held
+(prototype_mean=weighted, the default; plain: the unweighted mean over the nodes holding c, as
+the authors' ``proto_aggregation`` computes it); a class nobody held this round has no global
+prototype (the authors replace P_G every round).
 P_G and which classes have one ("present") go out with the global model from round 2 on.
 The weights are averaged too (the configured aggregation, FedAvg by default) and the global
 model is evaluated centrally as for every method. A reply whose prototypes fail the checks is
@@ -14,12 +16,14 @@ max_peer_ratio x its peers' lower median, within max_update_ratio of P_G,c). A n
 would move the classes it shares with the old one by more than max_update_ratio x their norm
 (guard.state_problem) is refused and the old one kept. A round that leaves the global model as
 it was (no usable reply, or a refused aggregate) leaves P_G as it was. Under a robust
-aggregation P_G,c is its ``combine`` of the holders' P_k,c, not the count-weighted mean.
+aggregation P_G,c is its ``combine`` of the holders' P_k,c (weighted by count, or uniformly with
+plain), not the mean.
 """
 
 from __future__ import annotations
 
 import math
+from typing import Literal
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, Message
@@ -27,7 +31,7 @@ from flwr.app import Array, ArrayRecord, Message
 from driftfl.common.protocol import FEATURE_PROTOTYPES
 
 from .aggregation import ClientUpdate
-from .base import DriftStrategy
+from .base import DriftStrategy, StrategySettings
 from .fedcsd import check_prototypes
 from .prototypes import combined, common_rows, outliers, survey_problem
 
@@ -43,34 +47,45 @@ def check_feature_prototypes(msg: Message, num_classes: int, dim: int,
 
 
 def weighted_prototypes(replies: list[tuple[np.ndarray, np.ndarray]], num_classes: int,
-                        dim: int) -> tuple[np.ndarray, np.ndarray]:
-    """(P_G, present): P_G,c = sum_k n_k,c P_k,c / sum_k n_k,c; present_c = sum_k n_k,c > 0
-    (a zero row where false)."""
+                        dim: int, by_counts: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """(P_G, present): P_G,c = sum_k n_k,c P_k,c / sum_k n_k,c, or with by_counts=False the
+    plain mean over the replies holding c; present_c = sum_k n_k,c > 0 (a zero row where
+    false)."""
     total = np.zeros((num_classes, dim), dtype=np.float64)
     held = np.zeros(num_classes, dtype=np.float64)
     for prototypes, counts in replies:
-        total += counts[:, None] * prototypes
-        held += counts
+        weights = counts if by_counts else (counts > 0).astype(np.float64)
+        total += weights[:, None] * prototypes
+        held += weights
     present = held > 0
     return (total / np.maximum(held, 1)[:, None]).astype(np.float32), present
 
 
-class FedProto(DriftStrategy):
-    """``num_classes``, ``feature_dim``: the prototypes are (C, d), d the head's input."""
+class FedProtoSettings(StrategySettings):
+    # weighted: by the holders' class counts (ALGORITHMS.md); plain: the authors' code
+    prototype_mean: Literal["weighted", "plain"] = "weighted"
 
+
+class FedProto(DriftStrategy):
+    """``num_classes``, ``feature_dim``: the prototypes are (C, d), d the head's input;
+    ``by_counts``: P_G,c weighted by the holders' counts of c (False: a plain mean)."""
+
+    Settings = FedProtoSettings
     server_columns = frozenset({"prototype_classes"})
 
     provides = frozenset({FEATURE_PROTOTYPES})
 
-    def __init__(self, *, num_classes: int, feature_dim: int, **kwargs):
+    def __init__(self, *, num_classes: int, feature_dim: int, by_counts: bool = True, **kwargs):
         super().__init__(**kwargs)
         self.num_classes, self.feature_dim = num_classes, feature_dim
+        self.by_counts = by_counts
         self.prototypes: np.ndarray | None = None  # P_G; None until a round has made one
         self.present = np.zeros(num_classes, dtype=bool)
 
     @classmethod
     def arguments(cls, settings, *, model, aux_set, **_):
-        return {"num_classes": model.head.out_features, "feature_dim": model.head.in_features}
+        return {"num_classes": model.head.out_features, "feature_dim": model.head.in_features,
+                "by_counts": settings.prototype_mean == "weighted"}
 
     def knowledge(self, server_round: int) -> dict:
         if self.prototypes is None:  # round 1: the clients train with plain cross-entropy
@@ -106,9 +121,9 @@ class FedProto(DriftStrategy):
         replies = [self.prototypes_of(u) for u in self.last_updates]
         if self.aggregation.robust:
             new = combined(self.aggregation, replies, self.num_classes, self.feature_dim,
-                           by_counts=True)
-        else:  # the paper's formula
-            new = weighted_prototypes(replies, self.num_classes, self.feature_dim)
+                           by_counts=self.by_counts)
+        else:
+            new = weighted_prototypes(replies, self.num_classes, self.feature_dim, self.by_counts)
         rows = common_rows(*new, self.prototypes, self.present)
         problem = rows and self.state_problem(*rows)
         if problem:
