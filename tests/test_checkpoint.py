@@ -216,6 +216,7 @@ def refusal(run_dir: Path, change, *more: str) -> str:
     (lambda t: t["rows"].pop(), r"has no metrics row for each of rounds 0..1"),
     (lambda t: t["rows"][1].update(test_accuracy="high"), r"has no metrics row for each"),
     (lambda t: t["rows"][1].update(extra=np.zeros(2)), r"has no metrics row for each"),
+    (lambda t: t["rows"][1].update(bytes_up_arrays="many"), r"has no metrics row for each"),
     (lambda t: t.update(seconds=float("nan")), r"has run time nan"),
     (lambda t: t["rng"].update(numpy=("MT19937", np.zeros(3, np.uint32), 0, 0, 0.0)),
      r"has random generators' states that cannot be restored"),

@@ -61,10 +61,18 @@ def test_driftfl_run_trains_and_writes_the_run_directory(tmp_path, fmnist_availa
     assert trained["clients"] == 4 and trained["num_examples"] == 4000
     assert trained["rejected"] == 0
     assert trained["bytes_sent"] > 4 * 4 * 199_210  # 4 copies of the mlp's float32 weights
+    # by payload kind: the model and the config out, the model and the metrics back
+    assert trained["bytes_down_arrays"] + trained["bytes_down_config"] == trained["bytes_sent"]
+    assert trained["bytes_up_arrays"] + trained["bytes_up_metrics"] == trained["bytes_received"]
+    assert trained["bytes_up_arrays"] == trained["bytes_down_arrays"]  # the same model, 4 times
+    assert rows[0]["bytes_sent"] == 0  # a simulation has no data survey: the server assigns
     assert len(trained["per_class_accuracy"]) == 10
     header = (run_dir / "metrics.csv").read_text().splitlines()[0].split(",")
     assert {"round", "test_accuracy", "test_loss", "seconds", "bytes_sent", "bytes_received",
-            "acc_class_0", "acc_class_9", "train_loss"} <= set(header)
+            "bytes_up_arrays", "bytes_down_config", "acc_class_0", "acc_class_9",
+            "train_loss"} <= set(header)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["bytes_up_arrays"] == sum(r.get("bytes_up_arrays", 0) for r in rows)
 
     config = yaml.safe_load((run_dir / "config.yaml").read_text())
     assert config["dataset"]["subset"] == 4000 and config["strategy"]["name"] == "fedavg"

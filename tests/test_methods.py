@@ -18,10 +18,11 @@ from driftfl.common.datasets import DATASETS
 from driftfl.common.errors import ConfigError
 from driftfl.common.models import MODELS
 from driftfl.common.partition import PARTITIONS
-from driftfl.common.protocol import ARRAYS, CONFIG, DATASET_META, EXPERIMENT, PROXIMAL_MU
+from driftfl.common.protocol import CONFIG, DATASET_META, EXPERIMENT, PROXIMAL_MU
 from driftfl.methods import METHODS, build_strategy, check_experiment, method_schema
 from driftfl.server.app import survey_clients
 from driftfl.server.experiment import prepare_experiment
+from driftfl.server.traffic import MeteredGrid
 from driftfl.strategies import AGGREGATIONS, SELECTIONS
 from driftfl.strategies.aggregation import to_numpy
 
@@ -59,6 +60,13 @@ class InProcessGrid:
         return replies
 
 
+# what a method's clients send beside the model and metrics in round 1 (FedCSD: its prototype
+# phase; DCFL: its pre-training stage), by payload kind
+EXTRA_UP = {"fedcsd": {"prototypes"}, "fedproto": {"feature_prototypes"},
+            "scaffold": {"control_delta"}, "fedcurv": {"fisher"},
+            "dcfl": {"condensed", "classifier"}}
+
+
 @pytest.mark.parametrize("name", sorted(METHODS))
 def test_every_method_composes_validates_and_trains_one_round(name, fmnist_available,
                                                               server_task):
@@ -69,9 +77,11 @@ def test_every_method_composes_validates_and_trains_one_round(name, fmnist_avail
     strategy = build_strategy(cfg, model, experiment.aux_set(model))
     assert isinstance(strategy, METHODS[name].strategy)
 
-    grid = InProcessGrid(fmnist_nodes(2))
+    grid = MeteredGrid(InProcessGrid(fmnist_nodes(2)))
     record = ConfigRecord({EXPERIMENT: cfg.to_json(), DATASET_META: experiment.meta.to_json()})
     clients = survey_clients(grid, record, 2, node_wait=5, timeout=60)
+    assert set(grid.take()) == {"bytes_sent", "bytes_received", "bytes_down_survey",
+                                "bytes_up_survey"}
     strategy.meet(clients)
     initial = {k: v.detach().numpy().copy() for k, v in model.state_dict().items()}
     from driftfl.common.protocol import model_to_arrays
@@ -83,6 +93,13 @@ def test_every_method_composes_validates_and_trains_one_round(name, fmnist_avail
     assert math.isfinite(strategy.report.train_metrics["train-loss"])
     trained = to_numpy(result.arrays)
     assert any(not np.array_equal(trained[k], initial[k]) for k in initial)
+    # what the clients sent, by payload kind, adds up to all they sent
+    traffic = grid.take()
+    up = {k.removeprefix("bytes_up_"): v for k, v in traffic.items() if k.startswith("bytes_up_")}
+    assert set(up) == {"arrays", "metrics", *EXTRA_UP.get(name, ())} and all(up.values())
+    assert sum(up.values()) == traffic["bytes_received"]
+    assert sum(v for k, v in traffic.items() if k.startswith("bytes_down_")) == traffic[
+        "bytes_sent"]
 
 
 def group_options(group: str) -> list[str]:

@@ -41,9 +41,10 @@ def test_metered_grid_passes_through_and_tallies():
     out = message({"arrays": ArrayRecord({"w": Array(np.zeros(10, np.float32))})})
     replies = grid.send_and_receive([out, out], timeout=5)
     assert len(replies) == 2 and grid.get_node_ids() == [1, 2]
-    sent, received = grid.take()
-    assert sent == 2 * payload_bytes(out) and received == 2 * payload_bytes(replies[0])
-    assert grid.take() == (0, 0)
+    taken = grid.take()
+    assert taken["bytes_sent"] == 2 * payload_bytes(out)
+    assert taken["bytes_received"] == 2 * payload_bytes(replies[0])
+    assert grid.take() == {"bytes_sent": 0, "bytes_received": 0}
 
 
 def test_recorder_writes_csv_json_plot_and_model(tmp_path):

@@ -14,6 +14,9 @@ SERVER_COLUMNS = frozenset({
     "late_partitions", "refused_state", "bytes_sent", "bytes_received", "per_class_accuracy"})
 # flattened families: per_class_accuracy -> acc_class_<i>; every bytes_* count
 SERVER_PREFIXES = ("acc_class_", "per_class_accuracy_", "bytes_")
+# the bytes of each payload kind (driftfl/server/traffic.py): server -> client, client -> server
+BYTES_DOWN, BYTES_UP = "bytes_down_", "bytes_up_"
+SURVEY = "survey"  # the data survey's kind, counted in round 0's row
 
 
 def column(metric: str) -> str:

@@ -10,6 +10,7 @@ import tempfile
 from pathlib import Path
 from typing import NoReturn
 
+from .payloads import payload_table
 from .plot import plot
 from .runs import Run, find_runs, flatten, numbers
 from .table import group_runs, markdown, split_notes, summarise
@@ -110,12 +111,18 @@ def main(argv: list[str]) -> None:
     groups = group_runs(runs, by)
     shown = [g for g in groups if keep is None or g.key[-1] in keep]
     header, rows, missing_notes = summarise(shown, groups, by, args.target, metrics)
+    payload_header, payload_rows, older_notes = payload_table(shown, by)
     table = markdown(header, rows)
-    notes = split_notes(shown, by) + missing_notes
+    if payload_rows:  # the bytes of each payload kind, below the main table
+        table += "\n\n" + markdown(payload_header, payload_rows)
+    notes = split_notes(shown, by) + missing_notes + older_notes
     try:
         (out / "report.md").write_text("\n\n".join([table, *notes]) + "\n")
         with open(out / "report.csv", "w", newline="") as f:
             csv.writer(f).writerows([header, *rows])
+        if payload_rows:
+            with open(out / "payloads.csv", "w", newline="") as f:
+                csv.writer(f).writerows([payload_header, *payload_rows])
         plot(shown, out / "report.png")
     except OSError as err:
         fail(f"cannot write the report to {out} ({err.strerror or err}); choose another --out")
@@ -123,4 +130,5 @@ def main(argv: list[str]) -> None:
     if unfinished:
         print(f"\n{len(unfinished)} run(s) did not complete and are left out: "
               + ", ".join(str(p) for p in unfinished[:5]))
-    print(f"\nwritten: {out / 'report.md'}, report.csv, report.png")
+    print(f"\nwritten: {out / 'report.md'}, report.csv, "
+          f"{'payloads.csv, ' if payload_rows else ''}report.png")

@@ -194,8 +194,7 @@ def run_experiment(grid: Grid, experiment: Experiment, run_dir: Path, run_id: in
                "final_accuracy": rows[-1]["test_accuracy"], "final_loss": rows[-1]["test_loss"],
                "best_accuracy": best["test_accuracy"], "best_round": best["round"],
                "seconds": recorder.seconds(),
-               "bytes_sent": sum(r["bytes_sent"] for r in rows),
-               "bytes_received": sum(r["bytes_received"] for r in rows)}
+               **byte_totals(rows)}
     recorder.finish(model, summary, title)
     if summary["status"] == "failed":
         raise ConfigError(summary["reason"])
@@ -237,7 +236,7 @@ class RoundEvaluator:
             self.recorder.add_arrays(server_round, self.strategy.round_arrays())
             self.recorder.add_images(self.strategy.round_images(), self.mean, self.std)
         now = time.perf_counter()  # diagnostics above count as evaluation, not training
-        sent, received = self.grid.take()
+        traffic = self.grid.take()  # in all and by payload kind (round 0: the data survey)
         row.update({"seconds": now - self.round_started,
                     "train_seconds": eval_started - self.round_started if server_round else 0.0,
                     "eval_seconds": now - eval_started,
@@ -249,14 +248,19 @@ class RoundEvaluator:
                     "lost_partitions": " ".join(report.lost) if report else "",
                     "late_partitions": " ".join(report.late) if report else "",
                     "refused_state": "; ".join(report.refused_state) if report else "",
-                    "bytes_sent": sent, "bytes_received": received,
-                    "per_class_accuracy": per_class})
+                    **traffic, "per_class_accuracy": per_class})
         # the server's own numbers last: nothing above may stand in for them
         row.update({"round": server_round, "test_accuracy": accuracy, "test_loss": loss})
         self.recorder.add_round(row)
         print(console.round_line(row, self.cfg.rounds), flush=True)
         self.round_started = now
         return MetricRecord({"accuracy": accuracy, "loss": loss})
+
+
+def byte_totals(rows: list[dict]) -> dict[str, int]:
+    """The run's bytes in all and by payload kind: each bytes_* column summed over the rounds."""
+    names = dict.fromkeys(k for r in rows for k in r if k.startswith("bytes_"))
+    return {name: sum(r.get(name, 0) for r in rows) for name in names}
 
 
 def client_columns(report, server_columns: frozenset[str]) -> dict:

@@ -49,7 +49,7 @@ TRANSIENT = frozenset({"roster", "connected", "train_messages", "last_updates",
 KEYS = ("format", "version", "round", "config", "arrays", "strategy", "rng", "rows",
         "recorded", "seconds")
 ROW_NUMBERS = ("round", "test_accuracy", "test_loss", "model_updated", "bytes_sent",
-               "bytes_received")  # what the run's summary reads from every row
+               "bytes_received")  # what the run's summary reads from every row (and bytes_*)
 ADVICE = "resume another run directory, or run without resume= to start afresh"
 
 
@@ -121,6 +121,8 @@ def malformed(state: Any) -> str | None:
     if not (isinstance(rows, list) and len(rows) == server_round + 1 and is_json(rows)
             and all(isinstance(r, dict) and all(isinstance(r.get(k), (int, float)) for k in
                                                 ROW_NUMBERS) and r["round"] == i
+                    and all(isinstance(v, (int, float)) for k, v in r.items()
+                            if k.startswith("bytes_"))
                     for i, r in enumerate(rows))):
         return (f"has no metrics row for each of rounds 0..{server_round} (each with "
                 f"{', '.join(ROW_NUMBERS)})")

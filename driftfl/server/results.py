@@ -128,6 +128,8 @@ class RunRecorder:
         self.rows.append(row)
         flat = [_flat_row(r) for r in self.rows]
         columns = list(dict.fromkeys(k for r in flat for k in r))
+        for r in flat:  # a payload kind a round did not send: 0 bytes, not an empty cell
+            r.update({k: 0 for k in columns if k.startswith("bytes_") and k not in r})
         with open(self.dir / "metrics.csv", "w", newline="") as f:
             writer = csv.DictWriter(f, fieldnames=columns)
             writer.writeheader()

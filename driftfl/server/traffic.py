@@ -1,42 +1,81 @@
-"""Count the bytes that cross the wire, whatever the strategy sends or receives."""
+"""Count the bytes that cross the wire, whatever the strategy sends or receives: in all, and
+by payload kind, the record of a message that holds them (every message counts: train,
+evaluate and the queries of the data survey, FedCSD's prototype phase and DCFL's
+pre-training)."""
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable
 
-from flwr.app import Message
+from flwr.app import Message, MessageType
 from flwr.serverapp import Grid
+
+from driftfl.common.columns import BYTES_DOWN, BYTES_UP, SURVEY, column
+from driftfl.common.protocol import (ARRAYS, CLASS_PHI, CLASSIFIER, CONDENSED, CONFIG, CONTROL,
+                                     CONTROL_DELTA, CREDIBILITY, DATA_SUMMARY, FEATURE_PROTOTYPES,
+                                     FISHER, FISHER_PENALTY, METRICS, PROTOTYPES, TEACHER)
+
+# the records the protocol names, each its own payload kind; a record of any other name counts
+# as OTHER, so that no client can add columns to the round's row by naming records
+KINDS = frozenset({ARRAYS, CONFIG, METRICS, TEACHER, PROTOTYPES, CREDIBILITY, CLASS_PHI,
+                   FISHER_PENALTY, FISHER, FEATURE_PROTOTYPES, CONTROL, CONTROL_DELTA, CONDENSED,
+                   CLASSIFIER})
+OTHER = "other"
+# the data survey's records are one kind (the experiment out; partition, example count and
+# label histogram back): round 0's row, or the row of the round a node rejoined in
+QUERY_KINDS = {f"{MessageType.QUERY}.{DATA_SUMMARY}": SURVEY}
+
+
+def payload_kind(message_type: str, record: str) -> str:
+    """The column-safe kind (feature-prototypes -> feature_prototypes) of a message's record."""
+    if message_type in QUERY_KINDS:
+        return QUERY_KINDS[message_type]
+    return column(record) if record in KINDS else OTHER
+
+
+def record_bytes(msg: Message) -> Counter[str]:
+    """Bytes of a message's records by payload kind (Flower's count_bytes); none for an error
+    reply."""
+    tally: Counter[str] = Counter()
+    if msg.has_content():
+        for name, record in msg.content.items():
+            tally[payload_kind(msg.metadata.message_type, name)] += record.count_bytes()
+    return tally
 
 
 def payload_bytes(msg: Message) -> int:
-    """Bytes of a message's records (arrays, configs, metrics); 0 for an error reply."""
-    if not msg.has_content():
-        return 0
-    content = msg.content
-    return sum(r.count_bytes() for group in (content.array_records, content.config_records,
-                                             content.metric_records) for r in group.values())
+    """Bytes of all of a message's records (arrays, configs, metrics); 0 for an error reply."""
+    return sum(record_bytes(msg).values())
 
 
 class MeteredGrid:
-    """A Grid that tallies payload bytes sent and received; everything else passes through."""
+    """A Grid that tallies payload bytes sent and received, by kind; everything else passes
+    through."""
 
     def __init__(self, grid: Grid):
         self._grid = grid
-        self.sent = 0
-        self.received = 0
+        self.sent: Counter[str] = Counter()  # by kind
+        self.received: Counter[str] = Counter()
 
     def __getattr__(self, name):
         return getattr(self._grid, name)
 
     def send_and_receive(self, messages: Iterable[Message], *args, **kwargs) -> Iterable[Message]:
         messages = list(messages)
-        self.sent += sum(payload_bytes(m) for m in messages)
+        for msg in messages:
+            self.sent.update(record_bytes(msg))
         replies = list(self._grid.send_and_receive(messages, *args, **kwargs))
-        self.received += sum(payload_bytes(r) for r in replies)
+        for reply in replies:
+            self.received.update(record_bytes(reply))
         return replies
 
-    def take(self) -> tuple[int, int]:
-        """Bytes (sent, received) since the last call."""
-        counts = (self.sent, self.received)
-        self.sent = self.received = 0
+    def take(self) -> dict[str, int]:
+        """The round's byte columns since the last call: bytes_sent and bytes_received in
+        all, then bytes_down_<kind> and bytes_up_<kind> for each kind that crossed."""
+        counts = {"bytes_sent": sum(self.sent.values()),
+                  "bytes_received": sum(self.received.values()),
+                  **{BYTES_DOWN + kind: n for kind, n in sorted(self.sent.items())},
+                  **{BYTES_UP + kind: n for kind, n in sorted(self.received.items())}}
+        self.sent, self.received = Counter(), Counter()
         return counts
