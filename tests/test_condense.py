@@ -137,7 +137,7 @@ def test_distance_is_one_minus_cosine_per_row_ignoring_biases():
 
 def test_shapes_labels_and_initialisation():
     x, y = images(13, 1, seed=3), torch.tensor([0] * 10 + [2] * 3)
-    syn_x, syn_y = condense(x, y, 4, CondenseConfig(ipc=5, iterations=1, lr=0.0),
+    syn_x, syn_y = condense(x, y, 4, CondenseConfig(ipc=5, iterations=1, lr=0.0, init="real"),
                             make_network=lambda: mlp(SHAPE, 4, hidden=(8,)), augment=None,
                             generator=torch.Generator().manual_seed(0))
     assert syn_x.shape == (10, *SHAPE) and syn_x.dtype == torch.float32
@@ -149,6 +149,20 @@ def test_shapes_labels_and_initialisation():
     assert len({tuple(image.flatten().tolist()) for image in syn_x[:5]}) == 5
 
 
+def test_noise_initialisation_starts_from_none_of_the_images():
+    """init=noise (the default): with lr 0 the shipped images are N(0, 1) draws, none of them a
+    client image nor close to one."""
+    x, y = images(40, 1, seed=3), torch.tensor([0] * 20 + [2] * 20)
+    syn_x, syn_y = condense(x, y, 4, CondenseConfig(ipc=5, iterations=1, lr=0.0),
+                            make_network=lambda: mlp(SHAPE, 4, hidden=(8,)), augment=None,
+                            generator=torch.Generator().manual_seed(0))
+    assert syn_y.tolist() == [0] * 5 + [2] * 5
+    flat = lambda t: (t - t.mean(1, keepdim=True)) / t.std(1, keepdim=True)  # noqa: E731
+    correlation = flat(syn_x.flatten(1)) @ flat(x.flatten(1)).T / (x[0].numel() - 1)
+    assert correlation.abs().max() < 0.6  # independent 64-pixel images: |r| ~ 0.13
+    assert abs(float(syn_x.mean())) < 0.3 and 0.7 < float(syn_x.std()) < 1.3
+
+
 def test_errors():
     x, y = images(4, 1), torch.tensor([0, 0, 1, 1])
     with pytest.raises(ValueError, match="dsa"):
@@ -157,6 +171,8 @@ def test_errors():
         CondenseConfig(method="kip")  # type: ignore[arg-type]
     with pytest.raises(ConfigError):
         CondenseConfig(ipc=0)
+    with pytest.raises(ConfigError, match="valid: noise, real"):
+        CondenseConfig(init="zeros")  # type: ignore[arg-type]
 
 
 def embedding_distance(syn_x, syn_y, x, y) -> float:

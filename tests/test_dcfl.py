@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 
+from driftfl.common.condensation import condensation_settings, privacy_plan
 from driftfl.common.config import compose
 from driftfl.common.errors import ConfigError
 from driftfl.common.models import build_model
@@ -132,8 +133,13 @@ def test_dcfl_explores_exchanges_and_weights_by_local_plus_condensed(fmnist_avai
                                                                      server_task, capsys):
     strategy, _, clients = run_rounds(["strategy=dcfl", *TINY], rounds=3)
     printed = capsys.readouterr().out
-    assert "condensed images can reveal" in printed and "DCFL pre-training" in printed
+    # what leaves the clients is said before it does, and each client's set is measured
+    assert "DCFL: each explored client sends the server 2 condensed images" in printed
+    assert "(DM from noise, 4 iterations)" in printed and "not differentially private" in printed
+    assert "DCFL pre-training" in printed
     assert "condense: client" in printed  # the clients' progress lines
+    assert printed.count("have a real image of this client with Pearson correlation") \
+        == len(strategy.explored)
     assert len(strategy.explored) >= 3 and set(strategy.store) == set(strategy.explored)
     for node, (images, labels) in strategy.store.items():
         held = np.flatnonzero(clients[node]["label_histogram"])
@@ -150,6 +156,42 @@ def test_dcfl_explores_exchanges_and_weights_by_local_plus_condensed(fmnist_avai
                for update in strategy.last_updates)
     cka = strategy.round_arrays()["cka"]
     assert cka.shape == (4, 4) and np.isnan(cka).sum() == 16 - len(strategy.explored) ** 2
+
+
+def test_dp_dm_epsilons_printed_at_the_start_and_recorded_per_client(fmnist_available,
+                                                                      server_task, capsys):
+    """The server prints every client's (epsilon, delta) before any image leaves; each client
+    prints its plan and sends its epsilon, which the round's row keeps, by client."""
+    strategy, _, clients = run_rounds(["strategy=dcfl", *TINY, "strategy.pretrain_requests=0",
+                                       "strategy.condense_dp=true",
+                                       "strategy.condense_dp_noise=1.5"], rounds=1)
+    printed = capsys.readouterr().out
+    start = printed.index("DP-DM with noise multiplier 1.5")
+    assert start < printed.index("condense: client")
+    by_client = {c["partition_id"]: privacy_plan(
+        condensation_settings({"condense_dp": True, "condense_dp_noise": 1.5,
+                               "condense_iterations": 4}), c["label_histogram"]).epsilon
+        for c in clients.values()}
+    for partition, epsilon in by_client.items():
+        assert f"{partition}: {epsilon:.3g}" in printed
+    row = strategy.server_metrics(lambda arrays: 0.0)
+    assert row["condense_epsilon"] and row["condensed_copies"].keys() == \
+        row["condense_epsilon"].keys()
+    for name, epsilon in row["condense_epsilon"].items():
+        assert epsilon == pytest.approx(by_client[int(name.removeprefix("client_"))])
+    assert all(share == 0.0 for share in row["condensed_copies"].values())
+
+
+def test_real_initialisation_warns_how_close_the_images_are(fmnist_available, server_task,
+                                                            capsys, caplog):
+    strategy, _, _ = run_rounds(["strategy=dcfl", *TINY, "strategy.pretrain_requests=0",
+                                 "strategy.condense_init=real"], rounds=1)
+    printed = capsys.readouterr().out
+    assert "condense_init=real" in caplog.text and "Pearson correlation >= 0.99" in caplog.text
+    assert "DM from real" in printed
+    row = strategy.server_metrics(lambda arrays: 0.0)
+    assert row["condensed_copies"] and all(share > 0.5 for share in
+                                           row["condensed_copies"].values())
 
 
 def test_dcfl_over_fedprox_sends_mu_and_refuses_an_objective_it_cannot_serve():

@@ -11,8 +11,7 @@ from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordD
 from flwr.clientapp import ClientApp
 
 from driftfl.common.evaluation import evaluate as evaluate_model
-from driftfl.common.protocol import (ARRAYS, CLASSIFIER, CONDENSE, CONDENSE_SECONDS, CONDENSED,
-                                     CONFIG, CSD_PROTOTYPES, DATA_SUMMARY, DCFL_CONDENSE,
+from driftfl.common.protocol import (ARRAYS, CLASSIFIER, CONDENSE, CONDENSED, CONFIG, CSD_PROTOTYPES, DATA_SUMMARY, DCFL_CONDENSE,
                                      LABEL_HISTOGRAM, LOCAL_STEPS, METHOD, METRICS, NUM_EXAMPLES,
                                      PARTITION_ID, PROTOTYPES, TRAIN_LOSS, model_to_arrays)
 
@@ -49,9 +48,10 @@ def train(msg: Message, context: Context) -> Message:
     else:  # DCFL: condense if asked, then the local and the fine-tuning stage
         dcfl = DCFLClient.of(job)
         if msg.content[CONFIG][CONDENSE]:
-            images, labels, seconds = dcfl.condense(
+            images, labels, disclosed = dcfl.condense(
                 x, y, torch.Generator().manual_seed(_seed(job, 2)))
-            records[CONDENSED], extra[CONDENSE_SECONDS] = to_record(images, labels), seconds
+            records[CONDENSED] = to_record(images, labels)
+            extra.update(disclosed)
         stats = dcfl.train(model, x, y, objective, generator, received_images(msg, job))
     objective.after_training(model, stats)
     metrics = MetricRecord({NUM_EXAMPLES: stats.num_examples, LOCAL_STEPS: stats.steps,
@@ -98,11 +98,11 @@ def dcfl_condense(msg: Message, context: Context) -> Message:
     job = ClientJob.from_message(msg, context)
     dcfl = DCFLClient.of(job)
     x, y = job.tensors()
-    images, labels, seconds = dcfl.condense(x, y, torch.Generator().manual_seed(_seed(job, 2)))
+    images, labels, disclosed = dcfl.condense(x, y, torch.Generator().manual_seed(_seed(job, 2)))
     model = job.model(ARRAYS)
     objective = build_objective("ce", {}, job)
     dcfl.train(model, x, y, objective, torch.Generator().manual_seed(_seed(job, 0)), None)
     classifier = ArrayRecord({"weight": Array(model.head.weight.detach().cpu().numpy())})
-    metrics = MetricRecord({NUM_EXAMPLES: len(y), CONDENSE_SECONDS: seconds})
+    metrics = MetricRecord({NUM_EXAMPLES: len(y), **disclosed})
     return Message(RecordDict({CONDENSED: to_record(images, labels), CLASSIFIER: classifier,
                                METRICS: metrics}), reply_to=msg)

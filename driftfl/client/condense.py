@@ -1,8 +1,10 @@
 """Dataset condensation on a client: learn a few synthetic images per class that stand in for
 the client's real data.
 
-Three methods of Zhao & Bilen, all starting from random real images and moving the synthetic
-pixels with SGD (momentum 0.5), each outer iteration under a freshly initialised network:
+Three methods of Zhao & Bilen, each moving the synthetic pixels with SGD (momentum 0.5) from
+Gaussian noise (``init="noise"``, the default: what leaves the client never starts as one of its
+images) or from random real images (``init="real"``, the authors' default, which at a few hundred
+iterations ships near-copies of them), each outer iteration under a freshly initialised network:
 
 - ``dm``, distribution matching (WACV 2023): the mean embedding (``model.features``) of the
   synthetic images of each class should equal that of a batch of real images of that class;
@@ -12,6 +14,12 @@ pixels with SGD (momentum 0.5), each outer iteration under a freshly initialised
   matching steps the network is trained on the synthetic set.
 - ``dsa``: ``dc`` with Differentiable Siamese Augmentation (ICML 2021) applied with the same
   random transform to the real and the synthetic batch (DM uses it too when ``augment`` is given).
+
+DP-DM (``privacy``, DM only): each iteration draws every class's real batch by Poisson sampling
+at the plan's rate q_c, clips each real embedding to norm C and adds N(0, sigma_c^2 C^2) to the
+class's sum, divided by the expected batch size q_c n_c. Only that noised mean touches the
+synthetic images, so each iteration is one subsampled Gaussian mechanism per class; a sample is in
+one class only, so the classes compose in parallel (condensation.PrivacyPlan accounts for it).
 
 The authors' paper-grade settings are DM: 20,000 iterations, lr 1.0, 256 real images per class;
 DC/DSA: 1,000 iterations, lr 0.1, outer/inner loops 10/50 at ipc 10. The defaults here are far
@@ -30,16 +38,19 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..common.augment import SiameseAugment
+from ..common.condensation import PrivacyPlan
 from ..common.errors import ConfigError
 from ..common.models import DriftModel
 
 METHODS = ("dm", "dc", "dsa")
+INITS = ("noise", "real")
 
 
 @dataclass(frozen=True)
 class CondenseConfig:
     # dm: distribution matching; dc: gradient matching; dsa: gradient matching with DSA
     method: Literal["dm", "dc", "dsa"] = "dm"
+    init: Literal["noise", "real"] = "noise"  # N(0, 1) in normalised space, or real images
     ipc: int = 10                 # synthetic images per held class
     iterations: int = 200         # outer iterations (each with a freshly initialised network)
     lr: float = 1.0               # SGD lr on the synthetic pixels (momentum 0.5, as the authors)
@@ -54,6 +65,8 @@ class CondenseConfig:
         if self.method not in METHODS:
             raise ConfigError(f"unknown condensation method '{self.method}'; "
                               f"valid: {', '.join(METHODS)}")
+        if self.init not in INITS:
+            raise ConfigError(f"unknown condensation init '{self.init}'; valid: {', '.join(INITS)}")
         for name in ("ipc", "iterations", "real_per_class", "outer_loop", "log_every"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"condensation {name} must be at least 1")
@@ -97,21 +110,44 @@ def _distance(grad_syn: Sequence[Tensor], grad_real: Sequence[Tensor]) -> Tensor
     return total
 
 
+def _initial_images(x: Tensor, pools: list[Tensor], config: CondenseConfig,
+                    generator: torch.Generator) -> Tensor:
+    """``ipc`` starting images per held class: N(0, 1) noise (normalised space, where the
+    images have zero mean and unit variance per channel), or random real images of the class
+    (repeats only where a class has fewer than ipc)."""
+    ipc = config.ipc
+    if config.init == "noise":
+        return torch.randn((len(pools) * ipc, *x.shape[1:]), generator=generator).to(x.device)
+    init = [pool[torch.randperm(len(pool), generator=generator)[:ipc]] if len(pool) >= ipc
+            else pool[torch.randint(len(pool), (ipc,), generator=generator)] for pool in pools]
+    first = torch.cat(init) if init else torch.zeros(0, dtype=torch.long)
+    return x[first.to(x.device)].clone()
+
+
 class _Condenser:
     """The state one ``condense`` call shares between its steps."""
 
     def __init__(self, x: Tensor, pools: list[Tensor], classes: list[int], syn: Tensor,
                  config: CondenseConfig, augment: SiameseAugment | None,
-                 generator: torch.Generator):
+                 generator: torch.Generator, privacy: PrivacyPlan | None = None):
         self.x, self.pools, self.classes, self.syn = x, pools, classes, syn
         self.config, self.augment, self.generator = config, augment, generator
+        self.privacy = privacy
         self.syn_y = torch.tensor(classes, dtype=torch.long, device=x.device).repeat_interleave(
             config.ipc)
+
+    def real_batches(self) -> list[Tensor]:
+        """Indices of each class's real batch: ``real_per_class`` drawn without replacement, or
+        under DP a Poisson sample at the plan's rate (what its accounting assumes)."""
+        if self.privacy is None:
+            return _sample(self.pools, self.config.real_per_class, self.generator)
+        return [pool[torch.rand(len(pool), generator=self.generator)
+                     < self.privacy.rates[c]] for c, pool in zip(self.classes, self.pools)]
 
     def pairs(self) -> list[tuple[Tensor, Tensor]]:
         """(real batch, synthetic images) per class, augmented with one shared seed each."""
         ipc, out = self.config.ipc, []
-        for k, idx in enumerate(_sample(self.pools, self.config.real_per_class, self.generator)):
+        for k, idx in enumerate(self.real_batches()):
             real, syn = self.x[idx.to(self.x.device)], self.syn[k * ipc:(k + 1) * ipc]
             if self.augment is not None:
                 seed = _seed(self.generator)
@@ -124,11 +160,26 @@ class _Condenser:
         all classes go through the network in one batch (it has no batch statistics)."""
         pairs = self.pairs()
         with torch.no_grad():
-            real = net.features(torch.cat([r for r, _ in pairs]))
-        real_means = torch.stack([part.mean(0) for part in real.split([len(r) for r, _ in pairs])])
-        syn = net.features(torch.cat([s for _, s in pairs]))
+            real = net.features(torch.cat([r for r, _ in pairs])).flatten(1)
+        parts = real.split([len(r) for r, _ in pairs])
+        if self.privacy is None:
+            real_means = torch.stack([part.mean(0) for part in parts])
+        else:
+            real_means = torch.stack([self.private_mean(c, part)
+                                      for c, part in zip(self.classes, parts)])
+        syn = net.features(torch.cat([s for _, s in pairs])).flatten(1)
         syn_means = syn.view(len(pairs), self.config.ipc, -1).mean(1)
         return ((real_means - syn_means) ** 2).sum()
+
+    def private_mean(self, label: int, embeddings: Tensor) -> Tensor:
+        """(sum of the embeddings each clipped to norm C + N(0, sigma^2 C^2)) / (q n): a sample
+        moves it by at most C / (q n), whatever the sample is."""
+        plan, pool = self.privacy, self.pools[self.classes.index(label)]
+        norms = embeddings.norm(dim=1, keepdim=True)
+        clipped = embeddings * torch.clamp(plan.clip / (norms + 1e-12), max=1.0)
+        noise = torch.randn(embeddings.shape[1], generator=self.generator).to(embeddings.device)
+        total = clipped.sum(0) + noise * plan.noise[label] * plan.clip
+        return total / (plan.rates[label] * len(pool))
 
     def dc_loss(self, net: DriftModel) -> Tensor:
         """Sum over classes of the distance between CE gradients on real and synthetic batches."""
@@ -160,29 +211,29 @@ class _Condenser:
 def condense(x: Tensor, y: Tensor, num_classes: int, config: CondenseConfig, *,
              make_network: Callable[[], DriftModel], augment: SiameseAugment | None,
              generator: torch.Generator,
-             progress: Callable[[int, float, float], None] | None = None) -> tuple[Tensor, Tensor]:
+             progress: Callable[[int, float, float], None] | None = None,
+             privacy: PrivacyPlan | None = None) -> tuple[Tensor, Tensor]:
     """Condense (x, y) into ``config.ipc`` synthetic images per held class (ascending classes).
 
-    All randomness (initial images, real batches, augmentation seeds, network initialisation)
-    comes from ``generator``, so equal inputs and seeds give identical results. ``progress``
-    gets (iteration, matching loss per class, seconds so far); for dc/dsa the loss is also
-    averaged over the outer steps, as the authors print it.
+    All randomness (initial images, real batches, augmentation seeds, network initialisation,
+    DP noise) comes from ``generator``, so equal inputs and seeds give identical results.
+    ``progress`` gets (iteration, matching loss per class, seconds so far); for dc/dsa the loss
+    is also averaged over the outer steps, as the authors print it. ``privacy``: DP-DM's plan
+    (clip, per-class rates and noise multipliers), for ``dm`` from noise only.
     """
     if config.method == "dsa" and augment is None:
         raise ValueError("condensation method 'dsa' needs an augment (SiameseAugment)")
+    if privacy is not None and (config.method != "dm" or config.init != "noise"):
+        raise ConfigError("differentially private condensation needs condensation=dm and "
+                          "condense_init=noise")
     start = time.perf_counter()
     x = x.float()
     labels = y.to(x.device).long()
     classes = [c for c in range(num_classes) if bool((labels == c).any())]
     pools = [torch.nonzero(labels == c).flatten().cpu() for c in classes]
-    ipc = config.ipc
-    # initialise from real images; repeats only where a class has fewer than ipc of them
-    init = [pool[torch.randperm(len(pool), generator=generator)[:ipc]] if len(pool) >= ipc
-            else pool[torch.randint(len(pool), (ipc,), generator=generator)] for pool in pools]
-    first = torch.cat(init) if init else torch.zeros(0, dtype=torch.long)
-    syn = x[first.to(x.device)].clone().requires_grad_(True)
+    syn = _initial_images(x, pools, config, generator).requires_grad_(True)
     state = _Condenser(x, pools, classes, syn, config, augment if config.method != "dc" else None,
-                       generator)
+                       generator, privacy)
     if not classes:
         return syn.detach(), state.syn_y
     optimizer = torch.optim.SGD([syn], lr=config.lr, momentum=0.5)

@@ -15,10 +15,12 @@ import torch
 from flwr.app import Array, ArrayRecord, Message
 
 from driftfl.common.augment import SiameseAugment, parse_transforms
+from driftfl.common import leakage
 from driftfl.common.condensation import (CondensationSettings, condensation_settings,
-                                         read_condensed)
+                                         privacy_plan, read_condensed)
 from driftfl.common.models import build_model
-from driftfl.common.protocol import CONDENSE, CONDENSED, CONFIG
+from driftfl.common.protocol import (CONDENSE, CONDENSE_EPSILON, CONDENSE_SECONDS, CONDENSED,
+                                     CONDENSED_COPIES, CONDENSED_SIMILARITY, CONFIG)
 from driftfl.common.training import TrainSettings, TrainStats, train_locally
 
 from .condense import CondenseConfig, condense, progress_line
@@ -60,11 +62,13 @@ class DCFLClient:
         s = self.settings
         return SiameseAugment(parse_transforms(s.dsa_transforms)) if s.dsa else None
 
-    def condense(self, x: torch.Tensor, y: torch.Tensor,
-                 generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, float]:
-        """This node's condensed set, with a progress line every ``log_every`` iterations."""
+    def condense(self, x: torch.Tensor, y: torch.Tensor, generator: torch.Generator
+                 ) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
+        """This node's condensed set and what it discloses (the reply's metrics: seconds, DP's
+        epsilon, how close the set is to this node's images), with a progress line every
+        ``log_every`` iterations and, before and after, what it ships."""
         s, job = self.settings, self.job
-        config = CondenseConfig(method=s.condensation, ipc=s.ipc,
+        config = CondenseConfig(method=s.condensation, init=s.condense_init, ipc=s.ipc,
                                 iterations=s.condense_iterations, lr=s.condense_lr,
                                 real_per_class=s.condense_batch, outer_loop=s.dc_outer_loop,
                                 inner_loop=s.dc_inner_loop, net_lr=s.dc_net_lr,
@@ -78,12 +82,29 @@ class DCFLClient:
                   flush=True)
 
         started = time.perf_counter()
+        privacy = privacy_plan(s, torch.bincount(y.cpu(), minlength=job.num_classes).tolist())
+        print(f"condense: client {client} ships {s.ipc} images per held class, "
+              f"{s.condensation} from {s.condense_init}"
+              + (f", {privacy.line()}" if privacy else ", no differential privacy"), flush=True)
         images, labels = condense(
             x, y, job.num_classes, config,
             make_network=lambda: build_model(job.experiment.model, job.meta.shape,
                                              job.num_classes).to(x.device),
-            augment=augment, generator=generator, progress=progress)
-        return images, labels, time.perf_counter() - started
+            augment=augment, generator=generator, progress=progress, privacy=privacy)
+        seconds = time.perf_counter() - started
+        found = self.similarity(images, x)
+        print(f"condense: client {client}: {found.line()}", flush=True)
+        disclosed = {CONDENSE_SECONDS: seconds, CONDENSED_COPIES: found.share,
+                     CONDENSED_SIMILARITY: found.median}
+        if privacy is not None:
+            disclosed[CONDENSE_EPSILON] = privacy.epsilon
+        return images, labels, disclosed
+
+    def similarity(self, images: torch.Tensor, x: torch.Tensor) -> leakage.Leakage:
+        """How close the set is to this node's images, on pixels (what `driftfl audit` reads)."""
+        meta = self.job.meta
+        return leakage.measure(leakage.to_pixels(images.cpu().numpy(), meta.mean, meta.std),
+                               leakage.to_pixels(x.cpu().numpy(), meta.mean, meta.std))
 
     def train(self, model, x, y, objective, generator: torch.Generator,
               received: tuple[torch.Tensor, torch.Tensor] | None) -> TrainStats:

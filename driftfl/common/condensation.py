@@ -8,20 +8,31 @@ the DM/DC/DSA authors' paper-grade settings are in docs/algorithms.md (DCFL).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any, Literal
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
-from flwr.app import ArrayRecord
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from .augment import DEFAULT_TRANSFORMS, parse_transforms
 from .errors import ConfigError
 from .settings import MANY, Settings, validated
 
+if TYPE_CHECKING:  # flwr is not needed to condense (benchmarks run it where flwr is not)
+    from flwr.app import ArrayRecord
+
 
 class CondensationSettings(Settings):
     condensation: Literal["dm", "dc", "dsa"] = "dm"  # distribution / gradient matching (+DSA)
+    # where the synthetic images start: N(0, 1) noise, or real images (the DM/DC authors'
+    # default, which ships near-copies of them at a few hundred iterations)
+    condense_init: Literal["noise", "real"] = "noise"
+    condense_dp: bool = False  # DP-DM: clipped, noised real embeddings (dm from noise only)
+    condense_dp_clip: float = Field(2.0, gt=0)  # C: each real embedding's norm bound
+    condense_dp_noise: float | None = Field(None, gt=0)  # sigma, the noise multiplier, or ...
+    condense_dp_epsilon: float | None = Field(None, gt=0)  # ... the epsilon each class's sigma meets
+    condense_dp_delta: float = Field(1e-5, gt=0, lt=1)  # delta of the (epsilon, delta) guarantee
     ipc: int = Field(10, ge=1, le=MANY)  # condensed images per class the client holds
     condense_iterations: int = Field(200, ge=1, le=MANY)  # paper-grade: DM 20,000, DC/DSA 1,000
     condense_lr: float = Field(1.0, gt=0)  # SGD on the pixels; the authors: DM 1.0, DC/DSA 0.1
@@ -36,6 +47,18 @@ class CondensationSettings(Settings):
     finetune_lr: float = Field(0.001, gt=0)  # eta_s (< lr, which is eta_c)
     finetune_batch_size: int = Field(32, ge=1, le=MANY)  # B_s
     condensed_use: Literal["finetune", "mix"] = "finetune"  # mix: one stage on local + received
+
+    @model_validator(mode="after")
+    def _private_condensation(self):
+        if not self.condense_dp:
+            return self
+        if self.condensation != "dm" or self.condense_init != "noise":
+            raise ValueError("condense_dp=true needs condensation=dm and condense_init=noise "
+                             "(real-image initialisation ships the images themselves)")
+        if (self.condense_dp_noise is None) == (self.condense_dp_epsilon is None):
+            raise ValueError("condense_dp=true needs exactly one of condense_dp_noise (sigma) "
+                             "and condense_dp_epsilon (a target epsilon)")
+        return self
 
     @field_validator("dsa_transforms")
     @classmethod
@@ -52,6 +75,56 @@ def condensation_settings(section: Mapping[str, Any]) -> CondensationSettings:
     fields = CondensationSettings.model_fields
     return validated(CondensationSettings, {k: v for k, v in section.items() if k in fields},
                      "strategy.")
+
+
+@dataclass(frozen=True)
+class PrivacyPlan:
+    """DP-DM on one client: per held class c, the Poisson sampling rate q_c of its real images
+    per iteration (condense_batch / n_c, at most 1), the noise multiplier sigma_c, and the
+    epsilon at ``delta`` of all iterations (dp-accounting's RDP accountant). A sample is in one
+    class only, so the client's epsilon is the largest class's (parallel composition). The
+    class counts this uses are the ones the data survey already discloses."""
+
+    clip: float
+    delta: float
+    iterations: int
+    rates: dict[int, float]
+    noise: dict[int, float]
+    epsilons: dict[int, float]
+
+    @property
+    def epsilon(self) -> float:
+        return max(self.epsilons.values(), default=0.0)
+
+    def line(self) -> str:
+        sigmas = sorted(set(self.noise.values()))
+        sigma = (f"{sigmas[0]:.3g}" if len(sigmas) == 1
+                 else f"{sigmas[0]:.3g}-{sigmas[-1]:.3g} by class")
+        return (f"DP-DM (epsilon {self.epsilon:.3g}, delta {self.delta:g}): {self.iterations} "
+                f"iterations, embeddings clipped to {self.clip:g}, noise multiplier {sigma}, "
+                f"sampling rates {min(self.rates.values()):.3g}-{max(self.rates.values()):.3g}")
+
+
+def privacy_plan(settings: CondensationSettings,
+                 class_counts: Sequence[int]) -> PrivacyPlan | None:
+    """The DP-DM plan for a client holding ``class_counts`` (None without condense_dp): sigma
+    as set, or the smallest that keeps each class within condense_dp_epsilon."""
+    if not settings.condense_dp:
+        return None
+    from .accounting import noise_for_epsilon, subsampled_gaussian_epsilon
+
+    s, rates, noise, epsilons = settings, {}, {}, {}
+    for c, n in enumerate(class_counts):
+        if n <= 0:
+            continue
+        rates[c] = min(1.0, s.condense_batch / n)
+        noise[c] = (s.condense_dp_noise if s.condense_dp_noise is not None else
+                    noise_for_epsilon(rates[c], s.condense_iterations, s.condense_dp_epsilon,
+                                      s.condense_dp_delta))
+        epsilons[c] = subsampled_gaussian_epsilon(rates[c], noise[c], s.condense_iterations,
+                                                  s.condense_dp_delta)
+    return PrivacyPlan(s.condense_dp_clip, s.condense_dp_delta, s.condense_iterations,
+                       rates, noise, epsilons)
 
 
 PIXEL_BOUND = 1e4  # condensed pixels (normalised images) beyond this are not images

@@ -18,7 +18,7 @@ import numpy as np
 from flwr.app import Message
 
 from driftfl.common.condensation import read_condensed
-from driftfl.common.protocol import CLASSIFIER, CONDENSE_SECONDS, CONDENSED, METRICS
+from driftfl.common.protocol import CLASSIFIER, CONDENSED, DISCLOSURE, METRICS
 
 from . import guard
 
@@ -44,8 +44,8 @@ def check_condensed(msg: Message, shape: tuple[int, ...], num_classes: int, ipc:
 
 def check_pretrain_reply(reply: Message, shape: tuple[int, ...], head: tuple[int, int],
                          ipc: int, histogram: np.ndarray | None):
-    """(classifier, images, labels, condense seconds or None) of a pre-training reply, or why
-    it cannot be used."""
+    """(classifier, images, labels, what the node says it disclosed) of a pre-training reply,
+    or why it cannot be used."""
     if reply.has_error():
         return f"error reply: {reply.error.reason}"
     condensed = check_condensed(reply, shape, head[0], ipc, histogram)
@@ -59,8 +59,14 @@ def check_pretrain_reply(reply: Message, shape: tuple[int, ...], head: tuple[int
             or np.abs(weight).max() > CLASSIFIER_BOUND:
         return (f"classifier is {list(weight.shape)}, expected {list(head)} finite values "
                 f"within +-{CLASSIFIER_BOUND:g}")
-    seconds = reply.content.metric_records.get(METRICS, {}).get(CONDENSE_SECONDS)
-    return weight, *condensed, float(seconds) if isinstance(seconds, float) else None
+    return weight, *condensed, disclosed(reply.content.metric_records.get(METRICS, {}))
+
+
+def disclosed(metrics) -> dict[str, float]:
+    """The node's own figures of its condensation (time, DP's epsilon, similarity to its
+    images): informative only, so a missing or non-finite one is left out, not refused."""
+    return {key: float(metrics[key]) for key in DISCLOSURE
+            if isinstance(metrics.get(key), (int, float)) and np.isfinite(metrics[key])}
 
 
 def set_size(images: np.ndarray) -> float:
