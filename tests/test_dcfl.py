@@ -11,12 +11,12 @@ from driftfl.common.condensation import condensation_settings, privacy_plan
 from driftfl.common.config import compose
 from driftfl.common.errors import ConfigError
 from driftfl.common.models import build_model
-from driftfl.common.protocol import (CONDENSED, CONFIG, DATASET_META, EXPERIMENT, LOCAL_STEPS,
+from driftfl.common.protocol import (CONDENSED, DATASET_META, EXPERIMENT, LOCAL_STEPS,
                                      NUM_EXAMPLES, PROXIMAL_MU, model_to_arrays)
 from driftfl.methods import build_strategy, check_experiment
 from driftfl.server.app import survey_clients
 from driftfl.server.experiment import prepare_experiment
-from driftfl.strategies.aggregation import to_numpy
+from driftfl.strategies.aggregation import to_numpy, to_record
 from driftfl.strategies.cka import (cka_matrix, complementary_group, exploit_probabilities,
                                     keep_lowest_loss, linear_cka, select_clients)
 from driftfl.strategies.dcfl import check_condensed
@@ -266,3 +266,32 @@ def test_a_reply_with_a_bad_condensed_set_changes_no_dcfl_state(fmnist_available
     update = ClientUpdate(999, {}, {NUM_EXAMPLES: 10.0, LOCAL_STEPS: steps}, bad)
     assert "NaN" in strategy.reject(update)
     assert (strategy.explored, strategy.store) == before
+
+
+def test_finetune_own_set_sends_the_clients_own_set_back_after_the_filtered_group(
+        fmnist_available, server_task):
+    """Algorithm 2 line 13's reading: the received images are the group's, filtered, then the
+    client's own stored set, unfiltered; without the setting, the group's only."""
+    strategy, arrays, _ = run_rounds(["strategy=dcfl", *TINY, "strategy.finetune_own_set=true"],
+                                     rounds=2)
+    grid = InProcessGrid(fmnist_nodes(4))
+    record = ConfigRecord({})  # round 3's config: the strategy adds what it sends
+    messages = strategy.configure_train(3, to_record(arrays), record, grid)
+    checked = 0
+    for msg in messages:
+        node = msg.metadata.dst_node_id
+        if CONDENSED not in msg.content.array_records:
+            continue
+        images = msg.content.array_records[CONDENSED]["images"].numpy()
+        own = strategy.store[node][0]
+        assert np.array_equal(images[-len(own):], own)
+        assert strategy.sent_images[node] == len(images) > len(own)
+        checked += 1
+    assert checked
+    strategy.finetune_own_set = False
+    for msg in strategy.configure_train(3, to_record(arrays), record, grid):
+        node = msg.metadata.dst_node_id
+        if CONDENSED in msg.content.array_records:
+            images = msg.content.array_records[CONDENSED]["images"].numpy()
+            assert not any(np.array_equal(images[-len(own):], own)
+                           for own in [strategy.store[node][0]] if len(images) >= len(own))

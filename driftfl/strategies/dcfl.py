@@ -70,6 +70,9 @@ class DCFLSettings(StrategySettings, CondensationSettings):
     filter_ratio: float = Field(0.2, ge=0, lt=1)  # r: share of a group's images dropped
     # the complementary group's size; null: clients per round - 1
     group_size: int | None = Field(None, ge=0, le=MANY)
+    # Algorithm 2 line 13's reading: the client's own condensed set joins the received images
+    # (the server sends it back; it is the client's own data)
+    finetune_own_set: bool = False
 
 
 @dataclass
@@ -97,6 +100,7 @@ class DCFL(DriftStrategy):
     def __init__(self, *, model: torch.nn.Module, pretrain_fraction: float,
                  pretrain_requests: int, pretrain: TrainSettings, filter_ratio: float,
                  group_size: int | None, finetune: TrainSettings, mix: bool,
+                 finetune_own_set: bool,
                  augment: SiameseAugment | None,
                  ipc: int, condensing: CondensationSettings,
                  proximal_mu: float | None, seed: int, device: str, **kwargs):
@@ -105,6 +109,7 @@ class DCFL(DriftStrategy):
         self.pretrain_fraction, self.pretrain_requests = pretrain_fraction, pretrain_requests
         self.pretrain_settings = pretrain
         self.filter_ratio, self.group_size = filter_ratio, group_size
+        self.finetune_own_set = finetune_own_set
         # what a client does with the images it receives: E_s epochs of fine-tuning after its
         # E_c local epochs, or (mix) one stage on its data and them together
         self.finetune, self.mix = finetune, mix
@@ -133,6 +138,7 @@ class DCFL(DriftStrategy):
                 "pretrain": TrainSettings(settings.pretrain_epochs, settings.finetune_batch_size,
                                           settings.pretrain_lr, experiment.momentum, 0.0),
                 "filter_ratio": settings.filter_ratio, "group_size": settings.group_size,
+                "finetune_own_set": settings.finetune_own_set,
                 "finetune": TrainSettings.finetune_stage(settings, experiment),
                 "mix": settings.condensed_use == "mix",
                 "augment": (SiameseAugment(parse_transforms(settings.dsa_transforms))
@@ -259,6 +265,9 @@ class DCFL(DriftStrategy):
             if node in self.store and self.exchange:
                 group = complementary_group(node, self.explored, self.matrix, size)
                 images, labels = self.filtered(self.condensed_of(group))
+                if self.finetune_own_set:  # unfiltered, as line 13 merges it after the filter
+                    images = np.concatenate([images, self.store[node][0]])
+                    labels = np.concatenate([labels, self.store[node][1]])
                 if len(labels):
                     content[CONDENSED] = ArrayRecord({"images": Array(images),
                                                       "labels": Array(labels)})
