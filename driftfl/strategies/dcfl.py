@@ -26,6 +26,7 @@ import copy
 import math
 from dataclasses import dataclass, field, replace
 from logging import INFO, WARNING
+from typing import Literal
 
 import numpy as np
 import torch
@@ -44,7 +45,8 @@ from driftfl.common.training import CrossEntropy, TrainSettings, train_locally
 
 from .aggregation import ClientUpdate, to_numpy, to_record
 from .base import DriftStrategy, StrategySettings
-from .cka import complementary_group, keep_lowest_loss, linear_cka
+from .cka import (cka_input, complementary_group, keep_lowest_loss, linear_cka, offdiagonal,
+                  selection_tv)
 from .condensed import check_condensed, check_pretrain_reply, outsized
 from .selection import EXPLORED_CLIENTS, ExploredClients
 
@@ -61,6 +63,9 @@ class DCFLSettings(StrategySettings, CondensationSettings):
     filter_ratio: float = Field(0.2, ge=0, lt=1)  # r: share of a group's images dropped
     # the complementary group's size; null: clients per round - 1
     group_size: int | None = Field(None, ge=0, le=MANY)
+    # what the CKA compares: the client's classifier update W_k - W_sent, or (before issue #28)
+    # the weights W_k, whose common starting point pulls every CKA towards 1
+    cka_of: Literal["update", "weights"] = "update"
 
 
 @dataclass
@@ -82,11 +87,12 @@ class DCFL(DriftStrategy):
     provides = frozenset({EXPLORED_CLIENTS, CONDENSE, CONDENSED, PROXIMAL_MU})
     server_columns = frozenset({"selected", "exploited", "explored_now", "explored_total",
                                 "condensed_bytes_sent", "condensed_bytes_received",
-                                "condense_seconds", "pretrain_accuracy"})
+                                "condense_seconds", "pretrain_accuracy", "cka_offdiag_min",
+                                "cka_offdiag_max", "selection_tv"})
 
     def __init__(self, *, model: torch.nn.Module, pretrain_fraction: float,
                  pretrain_requests: int, pretrain: TrainSettings, filter_ratio: float,
-                 group_size: int | None, finetune: TrainSettings, mix: bool,
+                 group_size: int | None, cka_of: str, finetune: TrainSettings, mix: bool,
                  augment: SiameseAugment | None,
                  ipc: int, proximal_mu: float | None, seed: int, device: str,
                  **kwargs):
@@ -95,6 +101,7 @@ class DCFL(DriftStrategy):
         self.pretrain_fraction, self.pretrain_requests = pretrain_fraction, pretrain_requests
         self.pretrain_settings = pretrain
         self.filter_ratio, self.group_size = filter_ratio, group_size
+        self.cka_of = cka_of
         # what a client does with the images it receives: E_s epochs of fine-tuning after its
         # E_c local epochs, or (mix) one stage on its data and them together
         self.finetune, self.mix = finetune, mix
@@ -102,7 +109,7 @@ class DCFL(DriftStrategy):
         self.augment, self.ipc = augment, ipc
         self.proximal_mu, self.seed, self.device = proximal_mu, seed, device
         self.explored: list[int] = []  # node ids, in the order they were explored
-        self.classifiers: list[np.ndarray] = []  # their classifier weights, same order
+        self.classifiers: list[np.ndarray] = []  # what the CKA compares (cka_of), same order
         self.matrix = np.zeros((0, 0))  # CKA between those classifiers
         self.store: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # node -> condensed set
         self.asked: set[int] = set()  # nodes asked to condense this round
@@ -122,6 +129,7 @@ class DCFL(DriftStrategy):
                 "pretrain": TrainSettings(settings.pretrain_epochs, settings.finetune_batch_size,
                                           settings.pretrain_lr, experiment.momentum, 0.0),
                 "filter_ratio": settings.filter_ratio, "group_size": settings.group_size,
+                "cka_of": settings.cka_of,
                 "finetune": TrainSettings.finetune_stage(settings, experiment),
                 "mix": settings.condensed_use == "mix",
                 "augment": (SiameseAugment(parse_transforms(settings.dsa_transforms))
@@ -143,7 +151,8 @@ class DCFL(DriftStrategy):
         """Keep a newly explored client's condensed set and classifier; update the matrix."""
         if node in self.store:
             return
-        weight = np.asarray(classifier, dtype=np.float64)
+        # the update is against the head this client was sent: w^0 or this round's model
+        weight = cka_input(classifier, self.global_arrays.get("head.weight"), self.cka_of)
         row = [linear_cka(other, weight) for other in self.classifiers]  # only the new row
         self.matrix = np.block([[self.matrix, np.array(row)[:, None]],
                                 [np.array(row)[None, :], np.array([[linear_cka(weight, weight)]])]])
@@ -169,6 +178,7 @@ class DCFL(DriftStrategy):
         nodes = self.available(0, grid)
         count = min(len(nodes), max(math.floor(self.pretrain_fraction * len(nodes) + 1e-9), 1))
         head = self.head_shape()
+        self.global_arrays = to_numpy(arrays)  # what explore() measures the updates against
         for request in range(1, self.pretrain_requests + 1):
             rng = np.random.default_rng([self.seed, 0, request])
             asked = [nodes[i] for i in sorted(rng.choice(len(nodes), size=count, replace=False))
@@ -348,6 +358,10 @@ class DCFL(DriftStrategy):
                "condensed_bytes_sent": self.log.bytes_sent,
                "condensed_bytes_received": self.log.bytes_received,
                "condense_seconds": dict(self.log.condense_seconds)}
+        if len(self.matrix) > 1:  # the matrix the next round selects by
+            pairs = offdiagonal(self.matrix)
+            row.update(cka_offdiag_min=float(pairs.min()), cka_offdiag_max=float(pairs.max()),
+                       selection_tv=selection_tv(self.matrix))
         if self.pretrained is not None:
             row["pretrain_accuracy"] = accuracy_of(self.pretrained)
             self.pretrained = None
