@@ -17,8 +17,9 @@ from driftfl.methods import build_strategy, check_experiment
 from driftfl.server.app import survey_clients
 from driftfl.server.experiment import prepare_experiment
 from driftfl.strategies.aggregation import to_numpy, to_record
-from driftfl.strategies.cka import (cka_matrix, complementary_group, exploit_probabilities,
-                                    keep_lowest_loss, linear_cka, select_clients)
+from driftfl.strategies.cka import (cka_input, cka_matrix, complementary_group,
+                                    exploit_probabilities, keep_lowest_loss, linear_cka,
+                                    select_clients, selection_tv)
 from driftfl.strategies.dcfl import check_condensed
 from driftfl.strategies.feddisco import discrepancy, disco_weights
 from test_methods import InProcessGrid, fmnist_nodes
@@ -42,6 +43,94 @@ def test_cka_is_one_for_alike_matrices_symmetric_and_matches_a_hand_computed_val
     matrix = cka_matrix([x, y, x])
     assert np.allclose(matrix, matrix.T) and np.allclose(np.diag(matrix), 1.0)
     assert matrix[0, 2] == pytest.approx(1.0) and matrix[0, 1] == pytest.approx(0.7)
+
+
+def one_class_update(classes, d=30, scale=0.1):
+    """A head update (rows = classes) that moves only the given class rows, all along one
+    direction v: what a client holding only those classes mostly does to the classifier."""
+    v = np.random.default_rng(7).normal(size=d)
+    return scale * np.outer(classes, v)
+
+
+def test_cka_of_updates_tells_apart_what_the_weights_cannot():
+    """Rank-one updates a v^T share v, so CKA = cos^2 of the centred class vectors a, b. Two
+    clients that each moved a single, different class (of n = 10): a~ = e_0 - 1/n, b~ =
+    e_1 - 1/n, <a~, b~> = -1/n, |a~|^2 = |b~|^2 = (n - 1)/n: CKA = 1/(n - 1)^2 = 1/81. From one
+    common start W_0 their weights W_0 + update still score near 1: W_0 is in both."""
+    rng = np.random.default_rng(0)
+    w0 = rng.normal(size=(10, 30))
+    a, b = one_class_update(np.eye(10)[0]), one_class_update(np.eye(10)[1])
+    ua, ub = cka_input(w0 + a, w0, "update"), cka_input(w0 + b, w0, "update")
+    assert np.allclose(ua, a) and linear_cka(ua, ua) == pytest.approx(1.0)  # identical: 1
+    assert linear_cka(ua, cka_input(w0 + 2 * a, w0, "update")) == pytest.approx(1.0)
+    assert linear_cka(ua, ub) == pytest.approx(1 / 81)  # unrelated: near 0
+    weights = [cka_input(w0 + u, w0, "weights") for u in (a, b)]
+    assert np.array_equal(weights[0], w0 + a)
+    assert linear_cka(*weights) > 0.99  # the old reading: the common start dominates
+    # independent dense random 10 x 30 matrices already score high with rows = classes (the
+    # issue's 0.90-0.98 for d = 84-512): the update reading does not change that baseline,
+    # it removes the common start; the probe's updates span 0.0-0.97 (docs/algorithms.md)
+    baseline = np.mean([linear_cka(rng.normal(size=(10, 30)), rng.normal(size=(10, 30)))
+                        for _ in range(20)])
+    assert 0.6 < baseline < 0.9
+    with pytest.raises(ValueError, match="unknown CKA input 'bias'; valid: update, weights"):
+        cka_input(w0, w0, "bias")
+    with pytest.raises(ValueError, match="needs the classifier the client was sent"):
+        cka_input(w0, None, "update")
+
+
+def test_eq_4_on_three_clients_by_hand():
+    """4 classes; client a moved class 0, b class 1, c classes 0 and 1 (rank-one updates along
+    one v). Centred: a~ = (3,-1,-1,-1)/4, b~ = (-1,3,-1,-1)/4, c~ = (1,1,-1,-1)/2; CKA =
+    cos^2: M_ab = (1/4)^2/(3/4)^2 = 1/9, M_ac = M_bc = (1/2)^2/(3/4) = 1/3. Eq. 4: row sums
+    4/9, 4/9, 6/9 of 14/9: p = (2/7, 2/7, 3/7), TV from uniform (1/2)(1/21 + 1/21 + 2/21)
+    = 2/21. Under the weights reading (a common W_0) Eq. 4 is close to uniform."""
+    updates = [one_class_update(np.array(c, float)) for c in
+               ([1, 0, 0, 0], [0, 1, 0, 0], [1, 1, 0, 0])]
+    matrix = cka_matrix(updates)
+    assert np.allclose(matrix, [[1, 1 / 9, 1 / 3], [1 / 9, 1, 1 / 3], [1 / 3, 1 / 3, 1]])
+    assert np.allclose(exploit_probabilities(matrix), [2 / 7, 2 / 7, 3 / 7])
+    assert selection_tv(matrix) == pytest.approx(2 / 21)
+    assert selection_tv(np.ones((3, 3))) == 0 and selection_tv(np.zeros((0, 0))) == 0
+    w0 = np.random.default_rng(1).normal(size=(4, 30))
+    assert selection_tv(cka_matrix([w0 + u for u in updates])) < 0.01
+
+
+@pytest.mark.parametrize("cka_of", ["update", "weights"])
+def test_dcfl_explore_uses_the_reading_its_setting_names_and_reports_it(cka_of):
+    """strategy.cka_of=update (the default) measures each classifier against the head it was
+    sent; weights (the reading before issue #28) the classifier itself. The row reports the
+    off-diagonal range and Eq. 4's distance from uniform."""
+    overrides = ["strategy=dcfl", "model=mlp"] + ([] if cka_of == "update"
+                                                  else ["strategy.cka_of=weights"])
+    cfg = check_experiment(compose(overrides))
+    strategy = build_strategy(cfg, build_model(cfg.model, (1, 28, 28), 10), None)
+    assert strategy.cka_of == cka_of
+    w0 = np.random.default_rng(2).normal(size=(10, 200))
+    strategy.global_arrays = {"head.weight": w0}
+    images, labels = np.zeros((1, 1, 28, 28), np.float32), np.zeros(1, np.int64)
+    row = strategy.server_metrics(None)
+    assert "selection_tv" not in row  # no pair yet
+    for node, classes in enumerate(([1, 0, 0, 0], [0, 1, 0, 0], [1, 1, 0, 0])):
+        update = one_class_update(np.array(classes + [0] * 6, float), d=200)
+        strategy.explore(node, (w0 + update).astype(np.float32), images, labels, {})
+    row = strategy.server_metrics(None)
+    if cka_of == "update":  # as by hand for n = 10: M_ab = 1/81, M_ac = M_bc = 4/9 * 10/8
+        a, c = np.eye(10)[0] - 0.1, np.r_[1, 1, [0] * 8] - 0.2
+        mac = (a @ c) ** 2 / ((a @ a) * (c @ c))
+        assert strategy.matrix[0, 1] == pytest.approx(1 / 81, abs=1e-6)
+        assert row["cka_offdiag_min"] == pytest.approx(1 / 81, abs=1e-6)
+        assert row["cka_offdiag_max"] == pytest.approx(mac, abs=1e-6)
+        assert row["selection_tv"] > 0.1
+    else:
+        assert row["cka_offdiag_min"] > 0.99 and row["selection_tv"] < 0.01
+    assert {"cka_offdiag_min", "cka_offdiag_max", "selection_tv"} <= strategy.server_columns
+
+
+def test_a_bad_cka_of_is_refused_in_one_line():
+    with pytest.raises(ConfigError, match="unknown strategy.cka_of 'bias'; valid: update, "
+                                          "weights$"):
+        check_experiment(compose(["strategy=dcfl", "strategy.cka_of=bias"]))
 
 
 # -- selection ------------------------------------------------------------------------------

@@ -446,10 +446,10 @@ def test_dcfl_pretraining_stores_no_hostile_set_and_trains_on_the_honest_ones(
 
 def test_dcfl_screens_a_rounds_new_set_against_the_stored_ones(server_task):
     strategy, weights = dcfl_strategy()
+    strategy.global_arrays = weights  # explore() measures each classifier against it
     for node in (1, 2):  # explored before this round
-        strategy.explore(node, 0.1 * np.ones((10, 16)), *honest_set(node), None)
+        strategy.explore(node, 0.1 * np.ones((10, 16)), *honest_set(node), {})
     before = strategy.matrix.copy()
-    strategy.global_arrays = weights
     strategy.asked, strategy.trained = {3, 4}, [3, 4]
     steps = strategy.local_training.steps(10)
     replies = [train_reply(3, weights, steps=steps, **condensed(*honest_set(3))),

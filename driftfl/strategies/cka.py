@@ -1,9 +1,12 @@
 """DCFL's server-side arithmetic: how alike two clients' data look, whom to select, and which
 condensed images a client gets. Pure functions of arrays; the DCFL strategy holds the state.
 
-- Linear CKA between clients' classifier weight matrices W (|Y| x d, a row per class):
+- Linear CKA between clients' classifiers, a row per class (|Y| x d):
   CKA(X, Y) = ||Y^T X||_F^2 / (||X^T X||_F ||Y^T Y||_F) with X, Y centred (every column minus
-  its mean over the rows). High: the clients' classifiers, hence their data, are alike.
+  its mean over the rows). High: the clients' classifiers, hence their data, are alike. X is
+  the client's update W_k - W_sent by default (``cka_input``), the weights W_k themselves under
+  ``cka_of=weights``: the model every client starts from is common to all W_k and pulls every
+  CKA towards 1 (benchmarks/cka_readings.py; docs/algorithms.md, DCFL).
 - Selection (the paper's Eq. 4): an explored client i is exploited with probability
   proportional to sum_{j != i} M_ij over the explored clients.
 - Complementary group: the explored clients least similar to the selected one.
@@ -29,6 +32,19 @@ def linear_cka(x: np.ndarray, y: np.ndarray) -> float:
     return float(np.linalg.norm(y.T @ x) ** 2 / denominator)
 
 
+def cka_input(classifier: np.ndarray, sent: np.ndarray | None, of: str) -> np.ndarray:
+    """What a client's CKA row compares: ``of="update"``: W_k - W_sent, the client's classifier
+    less the one the server sent it (what its own data moved); ``of="weights"``: W_k."""
+    weight = np.asarray(classifier, dtype=np.float64)
+    if of == "weights":
+        return weight
+    if of != "update":
+        raise ValueError(f"unknown CKA input {of!r}; valid: update, weights")
+    if sent is None:  # a server bug, not a client's: say so rather than fill the row with NaN
+        raise ValueError("the CKA of an update needs the classifier the client was sent")
+    return weight - np.asarray(sent, dtype=np.float64)
+
+
 def cka_matrix(weights: list[np.ndarray]) -> np.ndarray:
     """M_ij = linear CKA of weights[i] and weights[j] (symmetric, 1 on the diagonal unless a
     matrix is constant)."""
@@ -48,6 +64,21 @@ def exploit_probabilities(matrix: np.ndarray) -> np.ndarray:
     if not total > 0:
         return np.full(len(sums), 1.0 / len(sums))
     return sums / total
+
+
+def selection_tv(matrix: np.ndarray) -> float:
+    """Total-variation distance of Eq. 4's distribution p from uniform over the n explored
+    clients: (1/2) sum_i |p_i - 1/n| (0: Eq. 4 is uniform; at most 1 - 1/n)."""
+    if not len(matrix):
+        return 0.0
+    p = exploit_probabilities(matrix)
+    return float(0.5 * np.abs(p - 1.0 / len(p)).sum())
+
+
+def offdiagonal(matrix: np.ndarray) -> np.ndarray:
+    """The entries M_ij, i < j (each pair once)."""
+    matrix = np.asarray(matrix)
+    return matrix[np.triu_indices(len(matrix), 1)]
 
 
 def select_clients(explored: list[int], unexplored: list[int], matrix: np.ndarray, count: int,

@@ -26,6 +26,7 @@ import copy
 import math
 from dataclasses import dataclass, field, replace
 from logging import INFO, WARNING
+from typing import Literal
 
 import numpy as np
 import torch
@@ -45,7 +46,8 @@ from driftfl.common.training import CrossEntropy, TrainSettings, train_locally
 
 from .aggregation import ClientUpdate, to_numpy, to_record
 from .base import DriftStrategy, StrategySettings
-from .cka import complementary_group, keep_lowest_loss, linear_cka
+from .cka import (cka_input, complementary_group, keep_lowest_loss, linear_cka, offdiagonal,
+                  selection_tv)
 from .condensed import check_condensed, check_pretrain_reply, disclosed, outsized
 from .selection import EXPLORED_CLIENTS, ExploredClients
 
@@ -73,6 +75,9 @@ class DCFLSettings(StrategySettings, CondensationSettings):
     # Algorithm 2 line 13's reading: the client's own condensed set joins the received images
     # (the server sends it back; it is the client's own data)
     finetune_own_set: bool = False
+    # what the CKA compares: the client's classifier update W_k - W_sent, or (before issue #28)
+    # the weights W_k, whose common starting point pulls every CKA towards 1
+    cka_of: Literal["update", "weights"] = "update"
 
 
 @dataclass
@@ -95,11 +100,12 @@ class DCFL(DriftStrategy):
     provides = frozenset({EXPLORED_CLIENTS, CONDENSE, CONDENSED, PROXIMAL_MU})
     server_columns = frozenset({"selected", "exploited", "explored_now", "explored_total",
                                 "condensed_bytes_sent", "condensed_bytes_received",
-                                "pretrain_accuracy", *DISCLOSED_COLUMNS.values()})
+                                "pretrain_accuracy", "cka_offdiag_min", "cka_offdiag_max",
+                                "selection_tv", *DISCLOSED_COLUMNS.values()})
 
     def __init__(self, *, model: torch.nn.Module, pretrain_fraction: float,
                  pretrain_requests: int, pretrain: TrainSettings, filter_ratio: float,
-                 group_size: int | None, finetune: TrainSettings, mix: bool,
+                 group_size: int | None, cka_of: str, finetune: TrainSettings, mix: bool,
                  finetune_own_set: bool,
                  augment: SiameseAugment | None,
                  ipc: int, condensing: CondensationSettings,
@@ -110,6 +116,7 @@ class DCFL(DriftStrategy):
         self.pretrain_settings = pretrain
         self.filter_ratio, self.group_size = filter_ratio, group_size
         self.finetune_own_set = finetune_own_set
+        self.cka_of = cka_of
         # what a client does with the images it receives: E_s epochs of fine-tuning after its
         # E_c local epochs, or (mix) one stage on its data and them together
         self.finetune, self.mix = finetune, mix
@@ -118,7 +125,7 @@ class DCFL(DriftStrategy):
         self.condensing = condensing  # how clients condense: what the run's first lines say
         self.proximal_mu, self.seed, self.device = proximal_mu, seed, device
         self.explored: list[int] = []  # node ids, in the order they were explored
-        self.classifiers: list[np.ndarray] = []  # their classifier weights, same order
+        self.classifiers: list[np.ndarray] = []  # what the CKA compares (cka_of), same order
         self.matrix = np.zeros((0, 0))  # CKA between those classifiers
         self.store: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # node -> condensed set
         self.asked: set[int] = set()  # nodes asked to condense this round
@@ -139,6 +146,7 @@ class DCFL(DriftStrategy):
                                           settings.pretrain_lr, experiment.momentum, 0.0),
                 "filter_ratio": settings.filter_ratio, "group_size": settings.group_size,
                 "finetune_own_set": settings.finetune_own_set,
+                "cka_of": settings.cka_of,
                 "finetune": TrainSettings.finetune_stage(settings, experiment),
                 "mix": settings.condensed_use == "mix",
                 "augment": (SiameseAugment(parse_transforms(settings.dsa_transforms))
@@ -162,7 +170,8 @@ class DCFL(DriftStrategy):
         """Keep a newly explored client's condensed set and classifier; update the matrix."""
         if node in self.store:
             return
-        weight = np.asarray(classifier, dtype=np.float64)
+        # the update is against the head this client was sent: w^0 or this round's model
+        weight = cka_input(classifier, self.global_arrays.get("head.weight"), self.cka_of)
         row = [linear_cka(other, weight) for other in self.classifiers]  # only the new row
         self.matrix = np.block([[self.matrix, np.array(row)[:, None]],
                                 [np.array(row)[None, :], np.array([[linear_cka(weight, weight)]])]])
@@ -189,6 +198,7 @@ class DCFL(DriftStrategy):
         nodes = self.available(0, grid)
         count = min(len(nodes), max(math.floor(self.pretrain_fraction * len(nodes) + 1e-9), 1))
         head = self.head_shape()
+        self.global_arrays = to_numpy(arrays)  # what explore() measures the updates against
         for request in range(1, self.pretrain_requests + 1):
             rng = np.random.default_rng([self.seed, 0, request])
             asked = [nodes[i] for i in sorted(rng.choice(len(nodes), size=count, replace=False))
@@ -398,6 +408,10 @@ class DCFL(DriftStrategy):
                "condensed_bytes_received": self.log.bytes_received,
                **{column: dict(self.log.disclosed.get(column, {}))
                   for column in DISCLOSED_COLUMNS.values()}}
+        if len(self.matrix) > 1:  # the matrix the next round selects by
+            pairs = offdiagonal(self.matrix)
+            row.update(cka_offdiag_min=float(pairs.min()), cka_offdiag_max=float(pairs.max()),
+                       selection_tv=selection_tv(self.matrix))
         if self.pretrained is not None:
             row["pretrain_accuracy"] = accuracy_of(self.pretrained)
             self.pretrained = None
