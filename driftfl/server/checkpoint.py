@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from pydantic import BaseModel
 from torch import nn
 
 from driftfl.common.config import ExperimentConfig
@@ -196,9 +197,10 @@ def settings_of(cls: type) -> frozenset[str]:
 def is_part(value: Any) -> bool:
     """A driftfl object a strategy is built from or keeps (its selection, its aggregation,
     DCFL's round log, ...): its state is saved attribute by attribute. Models are not parts:
-    a strategy's models are scratch copies (the global model is the checkpoint's arrays)."""
+    a strategy's models are scratch copies (the global model is the checkpoint's arrays).
+    Nor are settings (pydantic models): the experiment fixes them."""
     return (type(value).__module__.startswith("driftfl.") and hasattr(value, "__dict__")
-            and not isinstance(value, nn.Module) and not isinstance(value, type))
+            and not isinstance(value, (nn.Module, BaseModel)) and not isinstance(value, type))
 
 
 def state_names(obj: Any) -> list[str]:
