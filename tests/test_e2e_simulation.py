@@ -143,6 +143,14 @@ def test_sweep_runs_every_method_in_its_own_directory(tmp_path, fmnist_available
     leakage = json.loads((jobs["dcfl"] / "summary.json").read_text())["condensed_leakage"]
     assert sorted(leakage["clients"]) == ["0", "1", "2", "3"]
     assert leakage == json.loads((jobs["dcfl"] / "audit.json").read_text())
+    # the default ships no near-copies, and each client's own measure, sent with its set,
+    # agrees with the audit's, made from the data after the run
+    assert leakage["overall"]["share"] <= 0.05
+    own = {name.removeprefix("client_"): median for row in dcfl
+           for name, median in row.get("condensed_similarity", {}).items()}
+    assert sorted(own) == ["0", "1", "2", "3"]
+    for client, median in own.items():
+        assert median == pytest.approx(leakage["clients"][client]["median"], abs=1e-3)
     with np.load(jobs["dcfl"] / "cka.npz") as matrices:
         cka = matrices["round_2"]
         assert cka.shape == (4, 4) and np.allclose(np.diag(cka), 1) and np.allclose(cka, cka.T)
