@@ -119,3 +119,19 @@ def test_bad_settings_one_line(settings, message):
     with pytest.raises(ConfigError) as caught:
         condensation_settings(settings)
     assert message in str(caught.value) and "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize("override, message", [
+    ("strategy.condense_dp_epsilon=-1", "strategy.condense_dp_epsilon must be > 0"),
+    ("strategy.condense_dp_noise=0", "strategy.condense_dp_noise must be > 0"),
+])
+def test_bad_dp_settings_refused_by_the_experiment_check(override, message):
+    """The whole experiment's check (what `driftfl run` does before anything is written)."""
+    from driftfl.common.config import compose
+    from driftfl.methods import check_experiment
+
+    with pytest.raises(ConfigError) as caught:
+        check_experiment(compose(["strategy=dcfl", "strategy.condense_dp=true", override]))
+    assert message in str(caught.value) and "\n" not in str(caught.value)
+    with pytest.raises(ConfigError, match="valid: noise, real"):
+        check_experiment(compose(["strategy=dcfl", "strategy.condense_init=zeros"]))
