@@ -14,8 +14,8 @@ import numpy as np
 import torch
 from flwr.app import Array, ArrayRecord, Message
 
-from driftfl.common.augment import SiameseAugment, parse_transforms
 from driftfl.common import leakage
+from driftfl.common.augment import SiameseAugment, parse_transforms
 from driftfl.common.condensation import (CondensationSettings, condensation_settings,
                                          privacy_plan, read_condensed)
 from driftfl.common.models import build_model

@@ -95,7 +95,6 @@ CONDENSE_SECONDS = "condense-seconds"  # reply metric: the node's condensation t
 CONDENSE_EPSILON = "condense-epsilon"  # DP-DM's epsilon (at condense_dp_delta); absent without
 CONDENSED_COPIES = "condensed-copies"  # share of images with a near-copy among its real images
 CONDENSED_SIMILARITY = "condensed-similarity"  # median correlation with the nearest real image
-DISCLOSURE = (CONDENSE_SECONDS, CONDENSE_EPSILON, CONDENSED_COPIES, CONDENSED_SIMILARITY)
 
 
 @dataclass(frozen=True)

@@ -18,9 +18,10 @@ import numpy as np
 from flwr.app import Message
 
 from driftfl.common.condensation import read_condensed
-from driftfl.common.protocol import CLASSIFIER, CONDENSED, DISCLOSURE, METRICS
+from driftfl.common.protocol import CLASSIFIER, CONDENSED, METRICS
 
 from . import guard
+from .shipped import figures
 
 # No trained classifier weight comes near this; a larger one is corrupt or hostile (and would
 # overflow the CKA products).
@@ -59,14 +60,8 @@ def check_pretrain_reply(reply: Message, shape: tuple[int, ...], head: tuple[int
             or np.abs(weight).max() > CLASSIFIER_BOUND:
         return (f"classifier is {list(weight.shape)}, expected {list(head)} finite values "
                 f"within +-{CLASSIFIER_BOUND:g}")
-    return weight, *condensed, disclosed(reply.content.metric_records.get(METRICS, {}))
+    return weight, *condensed, figures(reply.content.metric_records.get(METRICS, {}))
 
-
-def disclosed(metrics) -> dict[str, float]:
-    """The node's own figures of its condensation (time, DP's epsilon, similarity to its
-    images): informative only, so a missing or non-finite one is left out, not refused."""
-    return {key: float(metrics[key]) for key in DISCLOSURE
-            if isinstance(metrics.get(key), (int, float)) and np.isfinite(metrics[key])}
 
 
 def set_size(images: np.ndarray) -> float:

@@ -36,32 +36,20 @@ from flwr.supercore import log
 from pydantic import Field
 
 from driftfl.common.augment import SiameseAugment, parse_transforms
-from driftfl.common.condensation import CondensationSettings, privacy_plan
-from driftfl.common.protocol import (ARRAYS, CONDENSE, CONDENSE_EPSILON, CONDENSE_SECONDS,
-                                     CONDENSED, CONDENSED_COPIES, CONDENSED_SIMILARITY, CONFIG,
-                                     DATASET_META, DCFL_CONDENSE, METHOD, NUM_EXAMPLES,
-                                     PROXIMAL_MU, SERVER_ROUND, DatasetMeta, load_numpy)
+from driftfl.common.condensation import CondensationSettings
+from driftfl.common.protocol import (ARRAYS, CONDENSE, CONDENSED, CONFIG, DATASET_META,
+                                     DCFL_CONDENSE, METHOD, NUM_EXAMPLES, PROXIMAL_MU,
+                                     SERVER_ROUND, DatasetMeta, load_numpy)
 from driftfl.common.settings import MANY
 from driftfl.common.training import CrossEntropy, TrainSettings, train_locally
 
+from . import shipped
 from .aggregation import ClientUpdate, to_numpy, to_record
 from .base import DriftStrategy, StrategySettings
 from .cka import (cka_input, complementary_group, keep_lowest_loss, linear_cka, offdiagonal,
                   selection_tv)
-from .condensed import check_condensed, check_pretrain_reply, disclosed, outsized
+from .condensed import check_condensed, check_pretrain_reply, outsized
 from .selection import EXPLORED_CLIENTS, ExploredClients
-
-# Measured at DCFL's earlier default (DM from real images, 200 iterations, Fashion-MNIST): every
-# shipped image had a real image of its client with Pearson correlation >= 0.99 (median 0.9993).
-REAL_INIT_WARNING = (
-    "driftfl: WARNING: condense_init=real: the condensed images start as the clients' own "
-    "photos and DM moves them little (at 200 iterations every image DCFL shipped had a real "
-    "image with Pearson correlation >= 0.99): what leaves the clients is, in effect, their "
-    "images. Each client prints how close its set is when it condenses.")
-# the per-client figures the server records from the replies, by column
-DISCLOSED_COLUMNS = {CONDENSE_SECONDS: "condense_seconds", CONDENSE_EPSILON: "condense_epsilon",
-                     CONDENSED_COPIES: "condensed_copies",
-                     CONDENSED_SIMILARITY: "condensed_similarity"}
 
 
 class DCFLSettings(StrategySettings, CondensationSettings):
@@ -101,7 +89,7 @@ class DCFL(DriftStrategy):
     server_columns = frozenset({"selected", "exploited", "explored_now", "explored_total",
                                 "condensed_bytes_sent", "condensed_bytes_received",
                                 "pretrain_accuracy", "cka_offdiag_min", "cka_offdiag_max",
-                                "selection_tv", *DISCLOSED_COLUMNS.values()})
+                                "selection_tv", *shipped.COLUMNS.values()})
 
     def __init__(self, *, model: torch.nn.Module, pretrain_fraction: float,
                  pretrain_requests: int, pretrain: TrainSettings, filter_ratio: float,
@@ -182,7 +170,7 @@ class DCFL(DriftStrategy):
         self.log.new_sets[self.client_name(node)] = (images, labels)
         self.log.bytes_received += images.nbytes + labels.nbytes
         for key, value in figures.items():
-            column = self.log.disclosed.setdefault(DISCLOSED_COLUMNS[key], {})
+            column = self.log.disclosed.setdefault(shipped.COLUMNS[key], {})
             column[f"client_{self.client_name(node)}"] = value
 
     def partition_ids(self, nodes) -> list[str]:
@@ -289,30 +277,9 @@ class DCFL(DriftStrategy):
 
     def announce(self) -> None:
         """What will leave the clients, said before any of it does."""
-        s = self.condensing
-        how = f"{s.condensation.upper()} from {s.condense_init}, {s.condense_iterations} iterations"
-        print(f"DCFL: each explored client sends the server {s.ipc} condensed images per class "
-              f"it holds ({how}) and its classifier; the server sends them on to other "
-              "clients. Each client prints how close its set is to its own images when it "
-              "condenses (condensed_copies, condensed_similarity in metrics.csv); `driftfl "
-              "audit <run dir>` measures it again.", flush=True)
-        if s.condense_init == "real":
-            log(WARNING, REAL_INIT_WARNING)
-        if not s.condense_dp:
-            print("DCFL: condensation is not differentially private (condense_dp=false).",
-                  flush=True)
-            return
-        if s.condense_dp_epsilon is not None:
-            print(f"DCFL: DP-DM, every client's condensation is ({s.condense_dp_epsilon:g}, "
-                  f"{s.condense_dp_delta:g})-DP for its images, each class's noise multiplier "
-                  f"calibrated to it; embeddings clipped to {s.condense_dp_clip:g}.", flush=True)
-            return
-        epsilons = {self.client_name(node): privacy_plan(s, histogram).epsilon
-                    for node, histogram in sorted(self.histograms.items(),
-                                                  key=lambda item: self.rank(item[0]))}
-        print(f"DCFL: DP-DM with noise multiplier {s.condense_dp_noise:g}, embeddings clipped "
-              f"to {s.condense_dp_clip:g}: (epsilon, delta={s.condense_dp_delta:g}) by client "
-              + ", ".join(f"{c}: {e:.3g}" for c, e in epsilons.items()), flush=True)
+        shipped.announce(self.condensing, [
+            (self.client_name(node), histogram) for node, histogram
+            in sorted(self.histograms.items(), key=lambda item: self.rank(item[0]))])
 
     def infer_shape(self, config: ConfigRecord) -> list[int]:
         return DatasetMeta.from_json(str(config[DATASET_META])).shape
@@ -385,7 +352,7 @@ class DCFL(DriftStrategy):
         for update in updates:
             if update.node_id in self.asked:
                 self.explore(update.node_id, update.arrays["head.weight"],
-                             *self.checked_sets[update.node_id], disclosed(update.metrics))
+                             *self.checked_sets[update.node_id], shipped.figures(update.metrics))
         # weights n_k + ñ_k: ñ_k is what the server itself sent
         updates = [replace(u, metrics={**u.metrics, NUM_EXAMPLES: u.num_examples
                                        + self.sent_images.get(u.node_id, 0)}) for u in updates]
@@ -407,7 +374,7 @@ class DCFL(DriftStrategy):
                "condensed_bytes_sent": self.log.bytes_sent,
                "condensed_bytes_received": self.log.bytes_received,
                **{column: dict(self.log.disclosed.get(column, {}))
-                  for column in DISCLOSED_COLUMNS.values()}}
+                  for column in shipped.COLUMNS.values()}}
         if len(self.matrix) > 1:  # the matrix the next round selects by
             pairs = offdiagonal(self.matrix)
             row.update(cka_offdiag_min=float(pairs.min()), cka_offdiag_max=float(pairs.max()),

@@ -1,0 +1,60 @@
+"""What DCFL's clients ship, said before any of it leaves them, and the figures each client
+sends about its own condensed set (informative: the server records them by client; `driftfl
+audit` measures the sets again from the data)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from logging import WARNING
+
+import numpy as np
+from flwr.supercore import log
+
+from driftfl.common.condensation import CondensationSettings, privacy_plan
+from driftfl.common.protocol import (CONDENSE_EPSILON, CONDENSE_SECONDS, CONDENSED_COPIES,
+                                     CONDENSED_SIMILARITY)
+
+# Measured at DCFL's earlier default (DM from real images, 200 iterations, Fashion-MNIST): every
+# shipped image had a real image of its client with Pearson correlation >= 0.99 (median 0.9993).
+REAL_INIT_WARNING = (
+    "driftfl: WARNING: condense_init=real: the condensed images start as the clients' own "
+    "photos and DM moves them little (at 200 iterations every image DCFL shipped had a real "
+    "image with Pearson correlation >= 0.99): what leaves the clients is, in effect, their "
+    "images. Each client prints how close its set is when it condenses.")
+
+# a client's own figures (reply metric -> the round row's column, a dict by client)
+COLUMNS = {CONDENSE_SECONDS: "condense_seconds", CONDENSE_EPSILON: "condense_epsilon",
+           CONDENSED_COPIES: "condensed_copies", CONDENSED_SIMILARITY: "condensed_similarity"}
+
+
+def figures(metrics: Mapping) -> dict[str, float]:
+    """A reply's figures of its condensation: informative only, so a missing or non-finite one
+    is left out, not refused."""
+    return {key: float(metrics[key]) for key in COLUMNS
+            if isinstance(metrics.get(key), (int, float)) and np.isfinite(metrics[key])}
+
+
+def announce(s: CondensationSettings, histograms: Sequence[tuple[str, np.ndarray]]) -> None:
+    """Print what will leave the clients (``histograms``: each client's name and surveyed label
+    histogram, for the epsilon each gets from a fixed noise multiplier)."""
+    how = f"{s.condensation.upper()} from {s.condense_init}, {s.condense_iterations} iterations"
+    print(f"DCFL: each explored client sends the server {s.ipc} condensed images per class "
+          f"it holds ({how}) and its classifier; the server sends them on to other "
+          "clients. Each client prints how close its set is to its own images when it "
+          "condenses (condensed_copies, condensed_similarity in metrics.csv); `driftfl "
+          "audit <run dir>` measures it again.", flush=True)
+    if s.condense_init == "real":
+        log(WARNING, REAL_INIT_WARNING)
+    if not s.condense_dp:
+        print("DCFL: condensation is not differentially private (condense_dp=false).",
+              flush=True)
+    elif s.condense_dp_epsilon is not None:
+        print(f"DCFL: DP-DM, every client's condensation is ({s.condense_dp_epsilon:g}, "
+              f"{s.condense_dp_delta:g})-DP for its images, each class's noise multiplier "
+              f"calibrated to it; embeddings clipped to {s.condense_dp_clip:g}.", flush=True)
+    else:
+        epsilons = ", ".join(f"{name}: {privacy_plan(s, histogram).epsilon:.3g}"
+                             for name, histogram in histograms)
+        print(f"DCFL: DP-DM with noise multiplier {s.condense_dp_noise:g}, embeddings clipped "
+              f"to {s.condense_dp_clip:g}: (epsilon, delta={s.condense_dp_delta:g}) by client "
+              + epsilons, flush=True)
