@@ -241,10 +241,13 @@ def test_dcfl_condenses_and_exchanges_through_real_supernodes(tmp_path, fmnist_a
         out = run("strategy=dcfl model=mlp dataset.subset=4000 dataset.test_subset=2000 "
                   "num_clients=2 rounds=2 node_wait=120 strategy.condense_iterations=20", run_dir)
     assert (run_dir / "summary.json").is_file(), out.stdout[-3000:] + out.stderr[-3000:]
-    assert "condensed images can reveal" in out.stdout
+    assert "DCFL: each explored client sends the server 10 condensed images" in out.stdout
     rows = json.loads((run_dir / "metrics.json").read_text())["rounds"]
     assert rows[-1]["test_accuracy"] > rows[0]["test_accuracy"] + 0.3, rows
     assert rows[1]["explored_total"] == 2 and rows[1]["pretrain_accuracy"] > 0.1
+    # each node measured its own set against its own data, which never left it
+    assert sorted(rows[1]["condensed_copies"]) == ["client_0", "client_1"]
+    assert all(share <= 0.05 for share in rows[1]["condensed_copies"].values())
     assert rows[2]["condensed_bytes_sent"] > 0 and rows[2]["rejected"] == 0
     assert sorted(p.name for p in (run_dir / "images").iterdir()) == [
         "client_0.npz", "client_0.png", "client_1.npz", "client_1.png"]
