@@ -21,18 +21,23 @@ import logging
 import time
 from collections import defaultdict
 
+import sys
+from pathlib import Path
+
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Context, Error, Message, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord
 from flwr.supercore.task_identity import TaskIdentity
 
-from driftfl.client.app import app as client_app
-from driftfl.common.config import compose
-from driftfl.common.protocol import DATASET_META, EXPERIMENT, model_to_arrays
-from driftfl.methods import build_strategy
-from driftfl.server.experiment import prepare_experiment
-from driftfl.server.rounds import run_rounds
-from driftfl.server.survey import survey_clients
-from driftfl.server.traffic import payload_kind
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from test_methods import InProcessGrid  # noqa: E402
+
+from driftfl.common.config import compose  # noqa: E402
+from driftfl.common.protocol import DATASET_META, EXPERIMENT, model_to_arrays  # noqa: E402
+from driftfl.methods import build_strategy  # noqa: E402
+from driftfl.server.experiment import prepare_experiment  # noqa: E402
+from driftfl.server.rounds import run_rounds  # noqa: E402
+from driftfl.server.survey import survey_clients  # noqa: E402
+from driftfl.server.traffic import payload_kind  # noqa: E402
 
 CLIENTS = 3
 QUICK = ["dataset.subset=1500", "dataset.test_subset=100", f"num_clients={CLIENTS}",
@@ -55,34 +60,25 @@ CASES = {  # every method, and the variants that send something else
 }
 
 
-class InProcessGrid:
-    """A Grid whose nodes are ClientApp calls in this process, each with its own Context;
-    ``seen`` keeps, per (message type, record), the largest reply record and what it holds."""
+class RecordingGrid(InProcessGrid):
+    """tests/test_methods.py's in-process grid (each node a ClientApp call with its own
+    Context); ``seen`` keeps, per (message type, record), the largest reply record and what it
+    holds. An error reply stops the case."""
 
     def __init__(self, node_configs: dict[int, dict]):
-        self.contexts = {node: Context(run_id=1, node_id=node, node_config=config,
-                                       state=RecordDict(), run_config={})
-                         for node, config in node_configs.items()}
+        super().__init__(node_configs)
         self.seen: dict[tuple[str, str], tuple[int, str]] = {}
 
-    def get_node_ids(self):
-        return list(self.contexts)
-
     def send_and_receive(self, messages, timeout=None):
-        replies = []
-        for message in messages:
-            try:
-                reply = client_app(message, self.contexts[message.metadata.dst_node_id])
-            except Exception as err:  # as in Flower: a failing handler's error reply
-                reply = Message(Error(code=0, reason=repr(err)), reply_to=message)
+        replies = super().send_and_receive(messages, timeout)
+        for reply in replies:
             if reply.has_error():
-                raise RuntimeError(f"{message.metadata.message_type}: {reply.error.reason}")
+                raise RuntimeError(f"{reply.metadata.message_type}: {reply.error.reason}")
             for name, record in reply.content.items():
                 key = (reply.metadata.message_type, name)
                 size = record.count_bytes()
                 if size >= self.seen.get(key, (-1, ""))[0]:
                     self.seen[key] = (size, holds(record))
-            replies.append(reply)
         return replies
 
 
@@ -104,7 +100,7 @@ def measure(overrides: list[str]) -> dict[tuple[str, str], tuple[int, str]]:
     cfg = experiment.cfg
     model = experiment.initial_model()
     strategy = build_strategy(cfg, model, experiment.aux_set(model))
-    grid = InProcessGrid({100 + i: {"dataset": cfg.dataset.name, "partition-id": i,
+    grid = RecordingGrid({100 + i: {"dataset": cfg.dataset.name, "partition-id": i,
                                     "num-partitions": CLIENTS} for i in range(CLIENTS)})
     record = ConfigRecord({EXPERIMENT: cfg.to_json(), DATASET_META: experiment.meta.to_json()})
     strategy.meet(survey_clients(grid, record, CLIENTS, node_wait=5, timeout=600))
