@@ -218,12 +218,10 @@ def main(args: list[str]) -> None:
             raise ConfigError(f"--threshold must be a correlation in [-1, 1], got "
                               f"{options.threshold}")
         run_dir = options.run_dir.expanduser()
-        read_config(run_dir)
-        if not shipped_anything(run_dir):
+        if audit(run_dir, options.data, options.threshold) is None:
             raise ConfigError(f"{run_dir} holds no shipped images (images/client_<id>.npz): "
                               "only DCFL runs ship images, and runs before `driftfl audit` "
                               "kept them only as PNGs")
-        audit(run_dir, options.data, options.threshold)
     except ConfigError as err:
         print(f"driftfl: error: {err}", file=sys.stderr)
         raise SystemExit(2) from None

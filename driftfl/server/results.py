@@ -151,9 +151,9 @@ class RunRecorder:
         for name, (x, y) in images.items():
             folder = self.dir / "images"
             folder.mkdir(exist_ok=True)
-            plot_image_grid(x, y, mean, std, folder / f"{name}.png", name)
-            np.savez_compressed(folder / f"{name}.npz", x=to_pixels(x, mean, std),
-                                y=np.asarray(y, dtype=np.int64))
+            pixels = to_pixels(x, mean, std)
+            plot_image_grid(pixels, y, folder / f"{name}.png", name)
+            np.savez_compressed(folder / f"{name}.npz", x=pixels, y=np.asarray(y, dtype=np.int64))
 
     def finish(self, model: torch.nn.Module, summary: dict, title: str) -> None:
         torch.save(model.state_dict(), self.dir / "model.pt")
@@ -169,15 +169,15 @@ class RunRecorder:
 AXES = {"credibility": ("predicted class", "true class"), "cka": ("client", "client")}
 
 
-def plot_image_grid(x: np.ndarray, y: np.ndarray, mean, std, path: Path, title: str) -> None:
-    """Normalised images (N, C, H, W) shown as they look, tiled one row per label."""
+def plot_image_grid(pixels: np.ndarray, y: np.ndarray, path: Path, title: str) -> None:
+    """Images in pixel scale (uint8 (N, H, W) or (N, H, W, C), as leakage.to_pixels gives
+    them) tiled one row per label."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    pixels = x * np.asarray(std)[None, :, None, None] + np.asarray(mean)[None, :, None, None]
-    pixels = np.clip(pixels.transpose(0, 2, 3, 1), 0, 1)  # N, H, W, C
+    pixels = (pixels[..., None] if pixels.ndim == 3 else pixels) / 255.0  # N, H, W, C
     labels = sorted(set(y.tolist()))
     rows = [np.flatnonzero(y == label) for label in labels]
     n, h, w, c = pixels.shape
