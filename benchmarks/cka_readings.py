@@ -1,4 +1,4 @@
-"""Which reading of DCFL's CKA tells clients apart (issue #28, item 4).
+"""Which reading of DCFL's CKA tells clients apart (the matrix behind its selection).
 
 The setting of `+experiment=dcfl_fmnist partition.alpha=0.1`, outside Flower: Fashion-MNIST,
 Dirichlet(0.1) over K clients (driftfl's partition), the MLP, one common random initial model

@@ -9,7 +9,7 @@ correlation >= THRESHOLD. Why Pearson:
   is exactly what correlation ignores and what a pixel distance does not;
 - every shipped image can be compared with every real image of its client (up to 60,000) by
   one matrix product of standardised rows, chunked to bound memory;
-- it is the similarity the issue (#28) measured the near-copies with.
+- it is the similarity the near-copies DCFL used to ship were first found with.
 
 SSIM compares local windows, needs another library and a loop over all N·M pairs; a
 perceptual distance (LPIPS and kin) needs a trained network, which an offline measure that has

@@ -63,8 +63,8 @@ class DCFLSettings(StrategySettings, CondensationSettings):
     # Algorithm 2 line 13's reading: the client's own condensed set joins the received images
     # (the server sends it back; it is the client's own data)
     finetune_own_set: bool = False
-    # what the CKA compares: the client's classifier update W_k - W_sent, or (before issue #28)
-    # the weights W_k, whose common starting point pulls every CKA towards 1
+    # what the CKA compares: the client's classifier update W_k - W_sent, or (driftfl's
+    # earlier reading) the weights W_k, whose common starting point pulls every CKA towards 1
     cka_of: Literal["update", "weights"] = "update"
 
 
