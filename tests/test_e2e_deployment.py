@@ -361,7 +361,10 @@ def test_simulation_and_deployment_train_the_same_bytes_also_across_a_superlink_
                                  stderr=subprocess.PIPE, text=True)
         deadline = time.monotonic() + 600
         while not (deployed / "checkpoint.pt").exists():  # a round is done
-            assert first.poll() is None and time.monotonic() < deadline
+            if first.poll() is not None or time.monotonic() > deadline:
+                first.kill()
+                raise AssertionError("the deployed run ended before its first round was saved:\n"
+                                     + first.communicate()[1][-4000:])
             time.sleep(0.2)
         stop(cluster.superlink)
         stopped = first.communicate(timeout=120)[1]
