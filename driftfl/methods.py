@@ -57,6 +57,10 @@ METHODS: dict[str, Method] = {
 }
 
 
+# methods whose yaml chooses another aggregation than the mean
+NOT_MEAN = frozenset({"fednova", "feddisco"})
+
+
 class MethodHeader(Named):
     objective: str
 
@@ -134,7 +138,32 @@ def check_experiment(cfg: ExperimentConfig | dict[str, Any]) -> ExperimentConfig
         raise ConfigError(f"min_clients={checked.min_clients} exceeds num_clients="
                           f"{checked.num_clients}; set min_clients at most num_clients")
     AGGREGATIONS[checked.aggregation.name].check(checked)
+    check_privacy(checked)
     return checked
+
+
+def check_privacy(cfg: ExperimentConfig) -> None:
+    """Refuse differential privacy where it would not cover what the server receives: a
+    method's payloads beside the model, a rule other than the mean the noise is calibrated to,
+    the clients' own accuracies."""
+    if not cfg.privacy.enabled:
+        return
+    head = f"privacy={cfg.privacy.name} with"
+    strategy = METHODS[cfg.strategy.name].strategy
+    if strategy.unprotected:
+        covered = sorted(name for name, method in METHODS.items()
+                         if not method.strategy.unprotected and name not in NOT_MEAN)
+        raise ConfigError(f"{head} strategy={cfg.strategy.name}: {strategy.unprotected} would "
+                          f"reach the server without clipping or noise; DP covers the model "
+                          f"update only, as in {', '.join(covered)}")
+    if cfg.aggregation.name != "mean":
+        raise ConfigError(f"{head} aggregation={cfg.aggregation.name}: DP-FedAvg's noise is "
+                          f"calibrated to the plain mean of the clipped updates; use "
+                          f"aggregation=mean")
+    if cfg.fraction_evaluate > 0:
+        raise ConfigError(f"{head} fraction_evaluate={cfg.fraction_evaluate:g}: each client's "
+                          "accuracy on its own data would reach the server without noise; set "
+                          "fraction_evaluate=0")
 
 
 def build_strategy(cfg: ExperimentConfig, model, aux_set: AuxSet | None = None,

@@ -11,7 +11,8 @@ from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordD
 from flwr.clientapp import ClientApp
 
 from driftfl.common.evaluation import evaluate as evaluate_model
-from driftfl.common.protocol import (ARRAYS, CLASSIFIER, CONDENSE, CONDENSED, CONFIG, CSD_PROTOTYPES, DATA_SUMMARY, DCFL_CONDENSE,
+from driftfl.common.protocol import (ARRAYS, CLASSIFIER, CONDENSE, CONDENSED, CONFIG,
+                                     CSD_PROTOTYPES, DATA_SUMMARY, DCFL_CONDENSE, DP_CLIENTS,
                                      LABEL_HISTOGRAM, LOCAL_STEPS, METHOD, METRICS, NUM_EXAMPLES,
                                      PARTITION_ID, PROTOTYPES, TRAIN_LOSS, model_to_arrays)
 
@@ -19,6 +20,7 @@ from .dcfl import DCFLClient, is_dcfl, received_images, to_record
 from .job import ClientJob
 from .objectives import build_objective
 from .objectives.csd import prototype_reply
+from .privacy import disclosed_metrics, privatise
 from .redaction import keep_paths_local
 from .train import LogitShift, TrainSettings, train_locally
 
@@ -54,11 +56,12 @@ def train(msg: Message, context: Context) -> Message:
             extra.update(disclosed)
         stats = dcfl.train(model, x, y, objective, generator, received_images(msg, job))
     objective.after_training(model, stats)
-    metrics = MetricRecord({NUM_EXAMPLES: stats.num_examples, LOCAL_STEPS: stats.steps,
-                            TRAIN_LOSS: stats.mean_loss,
-                            "logit-shift": shift.measure(model),
-                            **objective.diagnostics(), **extra})
-    return Message(RecordDict({ARRAYS: model_to_arrays(model), METRICS: metrics,
+    metrics = MetricRecord(disclosed_metrics({
+        NUM_EXAMPLES: stats.num_examples, LOCAL_STEPS: stats.steps, TRAIN_LOSS: stats.mean_loss,
+        "logit-shift": shift.measure(model), **objective.diagnostics(), **extra}, exp.privacy))
+    arrays = privatise(model_to_arrays(model), msg.content[ARRAYS], exp.privacy,
+                       int(msg.content[CONFIG].get(DP_CLIENTS, 1)))
+    return Message(RecordDict({ARRAYS: arrays, METRICS: metrics,
                                **objective.reply_records(), **records}), reply_to=msg)
 
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 SERVER_COLUMNS = frozenset({
     "round", "test_accuracy", "test_loss", "seconds", "train_seconds", "eval_seconds",
     "clients", "model_updated", "rejected", "rejected_partitions", "lost_partitions",
-    "late_partitions", "refused_state", "bytes_sent", "bytes_received", "per_class_accuracy"})
+    "late_partitions", "refused_state", "bytes_sent", "bytes_received", "per_class_accuracy",
+    "epsilon"})
 # flattened families: per_class_accuracy -> acc_class_<i>; every bytes_* count
 SERVER_PREFIXES = ("acc_class_", "per_class_accuracy_", "bytes_")
 # the bytes of each payload kind (driftfl/server/traffic.py): server -> client, client -> server

@@ -23,6 +23,7 @@ from .datasets import DatasetSettings, dataset_settings
 from .errors import ConfigError
 from .models import ModelSettings, model_settings
 from .partition import PartitionSettings, partition_settings
+from .privacy import PrivacySettings, SecAggSettings
 from .settings import MANY, Settings, unknown_key, validated
 
 # conf/ sits beside the package, in the source tree and in the Flower app bundle alike.
@@ -104,6 +105,8 @@ class ExperimentConfig(Settings):
     min_clients: int = Field(1, ge=1, le=MANY)
     rejoin_wait: float = Field(60.0, ge=0, le=MONTH)
     simulation: SimulationSettings = SimulationSettings()
+    privacy: PrivacySettings = PrivacySettings()  # user-level differential privacy
+    secagg: SecAggSettings = SecAggSettings()  # secure aggregation
     # a deployed federation to run on: the name of a SuperLink connection in flwr's
     # config.toml ($FLWR_HOME, ~/.flwr); None: a private local simulation
     superlink: str | None = None

@@ -39,10 +39,10 @@ class PrivacySettings(Settings):
     @model_validator(mode="after")
     def _coherent(self):
         if self.name == "none":
-            stray = sorted(self.model_fields_set - {"name"})
+            stray = _changed(self)
             if stray:
-                raise ValueError(f"privacy={self.name} takes no settings, got privacy."
-                                 f"{stray[0]}; choose privacy=central or privacy=distributed")
+                raise ValueError(f"privacy.{stray[0]} means nothing without differential privacy; "
+                                 "choose privacy=central or privacy=distributed")
             return self
         if self.target_epsilon is not None and self.noise_multiplier == 0:
             raise ValueError("privacy.target_epsilon needs noise: privacy.noise_multiplier=0 "
@@ -81,15 +81,22 @@ class SecAggSettings(Settings):
     @model_validator(mode="after")
     def _coherent(self):
         if self.name == "none":
-            stray = sorted(self.model_fields_set - {"name"})
+            stray = _changed(self)
             if stray:
-                raise ValueError(f"secagg={self.name} takes no settings, got secagg.{stray[0]}; "
-                                 "choose secagg=secaggplus")
+                raise ValueError(f"secagg.{stray[0]} means nothing without secure aggregation; choose "
+                                 "secagg=secaggplus")
         return self
 
     @property
     def enabled(self) -> bool:
         return self.name != "none"
+
+
+def _changed(settings: Settings) -> list[str]:
+    """The settings that differ from their defaults (a section off takes none)."""
+    fields = type(settings).model_fields
+    return [key for key, field in fields.items()
+            if key != "name" and getattr(settings, key) != field.default]
 
 
 def clip_update(update: list[np.ndarray], clip: float) -> tuple[list[np.ndarray], float]:

@@ -33,6 +33,7 @@ METHOD = "method"
 PROXIMAL_MU = "proximal-mu"  # FedProx's mu, as Flower's FedProx sends it
 PROTOTYPES_IN_REPLY = "prototypes-in-reply"  # FedCSD, prototypes=previous: reply with this
 #                                              round's P_k (see CSD_PROTOTYPES)
+DP_CLIENTS = "dp-clients"  # privacy=distributed: the round's m, for each client's noise share
 
 # keys in the reply ``metrics`` record
 NUM_EXAMPLES = "num-examples"

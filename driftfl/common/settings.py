@@ -162,7 +162,9 @@ def describe(error: Mapping, cls: type[BaseModel], prefix: str = "") -> str:
     if kind in ("list_type", "tuple_type"):
         return f"{key} must be a list, got {value!r}"
     if kind == "value_error":  # a validator's own sentence, about its field or its section
-        return f"{key} {ctx['error']}, got {value!r}" if loc else f"{prefix}{ctx['error']}"
+        if loc and not isinstance(value, Mapping):
+            return f"{key} {ctx['error']}, got {value!r}"
+        return f"{prefix}{ctx['error']}" if not loc else ctx["error"]  # a section's own check
     return f"{key}: {error['msg']}, got {value!r}"
 
 

@@ -172,9 +172,9 @@ def run_experiment(grid: Grid, experiment: Experiment, run_dir: Path, run_id: in
         checkpoint.save(run_dir, server_round, to_numpy(arrays), strategy, recorder.rows,
                         recorder.arrays, recorder.seconds(), cfg)
 
-    stopped = ""
+    stopped, budget = "", ""
     try:
-        run_rounds(strategy, metered, arrays,
+        budget = run_rounds(strategy, metered, arrays,
                    first_round=saved["round"] + 1 if saved else 1,
                    num_rounds=cfg.rounds, timeout=cfg.round_timeout,
                    train_config=experiment_record,
@@ -194,7 +194,7 @@ def run_experiment(grid: Grid, experiment: Experiment, run_dir: Path, run_id: in
                "final_accuracy": rows[-1]["test_accuracy"], "final_loss": rows[-1]["test_loss"],
                "best_accuracy": best["test_accuracy"], "best_round": best["round"],
                "seconds": recorder.seconds(),
-               **byte_totals(rows)}
+               **byte_totals(rows), **privacy_summary(strategy, rows, budget)}
     recorder.finish(model, summary, title)
     if summary["status"] == "failed":
         raise ConfigError(summary["reason"])
@@ -251,10 +251,23 @@ class RoundEvaluator:
                     **traffic, "per_class_accuracy": per_class})
         # the server's own numbers last: nothing above may stand in for them
         row.update({"round": server_round, "test_accuracy": accuracy, "test_loss": loss})
+        if self.strategy.private:  # the privacy spent by the rounds run so far
+            row["epsilon"] = self.strategy.private.epsilon(server_round)
         self.recorder.add_round(row)
         print(console.round_line(row, self.cfg.rounds), flush=True)
         self.round_started = now
         return MetricRecord({"accuracy": accuracy, "loss": loss})
+
+
+def privacy_summary(strategy: DriftStrategy, rows: list[dict], budget: str) -> dict:
+    """The privacy spent (epsilon at delta after the last round run), and why the run stopped
+    before its last round if the budget stopped it; nothing without differential privacy."""
+    if not strategy.private:
+        return {}
+    epsilon = rows[-1]["epsilon"]
+    return {"epsilon": epsilon if math.isfinite(epsilon) else None,
+            "delta": strategy.private.settings.delta,
+            "rounds_run": rows[-1]["round"], **({"budget_stop": budget} if budget else {})}
 
 
 def byte_totals(rows: list[dict]) -> dict[str, int]:

@@ -72,6 +72,8 @@ def round_line(row: dict, rounds: int) -> str:
             text += f", state kept ({row['refused_state']})"
         if not row["model_updated"]:
             text += "  |  no usable reply: the global model stays"
+    if "epsilon" in row:  # differential privacy: spent so far, at the run's delta
+        text += f"  |  epsilon {row['epsilon']:.3g}"
     return text
 
 

@@ -15,13 +15,17 @@ def run_rounds(strategy: DriftStrategy, grid: Grid, arrays: ArrayRecord, *, firs
                num_rounds: int, timeout: float, train_config: ConfigRecord,
                evaluate_config: ConfigRecord,
                evaluate_fn: Callable[[int, ArrayRecord], object],
-               after_round: Callable[[int, ArrayRecord], None]) -> ArrayRecord:
+               after_round: Callable[[int, ArrayRecord], None]) -> str:
     """Rounds ``first_round``..``num_rounds`` as Flower runs them (train, federated
-    evaluation, central evaluation), then ``after_round``; the final global model. Round 0's
-    central evaluation comes first in a run that starts at round 1."""
+    evaluation, central evaluation), then ``after_round``. Round 0's central evaluation comes
+    first in a run that starts at round 1. Returns why the run stopped early ("" if it did
+    not): the strategy's ``stop_before`` (the privacy budget)."""
     if first_round == 1:
         evaluate_fn(0, arrays)
     for server_round in range(first_round, num_rounds + 1):
+        if stop := strategy.stop_before(server_round):
+            print(f"driftfl: {stop}", flush=True)
+            return stop
         replies = grid.send_and_receive(
             strategy.configure_train(server_round, arrays, train_config, grid), timeout=timeout)
         aggregate, _ = strategy.aggregate_train(server_round, replies)
@@ -33,4 +37,4 @@ def run_rounds(strategy: DriftStrategy, grid: Grid, arrays: ArrayRecord, *, firs
         strategy.aggregate_evaluate(server_round, replies)
         evaluate_fn(server_round, arrays)
         after_round(server_round, arrays)
-    return arrays
+    return ""

@@ -34,7 +34,8 @@ from flwr.supercore import log
 from torch import nn
 
 from driftfl.common.config import ExperimentConfig
-from driftfl.common.protocol import ARRAYS, CONFIG, LOCAL_STEPS, METHOD, SERVER_ROUND
+from driftfl.common.protocol import (ARRAYS, CONFIG, DP_CLIENTS, LOCAL_STEPS, METHOD,
+                                     SERVER_ROUND)
 from driftfl.common.settings import Settings
 from driftfl.common.training import TrainSettings
 
@@ -44,6 +45,7 @@ from .guard import ReplyGuard
 from .nodes import wait_for_nodes
 from .federated_evaluation import FederatedEvaluation
 from .parts import AGGREGATIONS, SELECTIONS
+from .private import PrivateMean
 from .selection import ExploredClients, Selection
 
 if TYPE_CHECKING:
@@ -83,6 +85,9 @@ class DriftStrategy(FederatedEvaluation, ReplyGuard, FedAvg):
     # the row columns ``server_metrics`` may write: a client metric of the same name is left
     # out of the row, in rounds where the strategy measures nothing too
     server_columns: ClassVar[frozenset[str]] = frozenset()
+    # what the server takes from each client beyond its model update, which differential
+    # privacy and secure aggregation do not cover ("": nothing; such a method refuses them)
+    unprotected: ClassVar[str] = ""
 
     def __init__(self, *, selection: Selection | None = None,
                  aggregation: Aggregation | None = None, objective: str = "ce",
@@ -113,6 +118,8 @@ class DriftStrategy(FederatedEvaluation, ReplyGuard, FedAvg):
         # a reply weighs as at most this many times the median surveyed example count
         # (``weight_cap``): deployment's nodes claim their counts; inf: never capped
         self.max_examples_ratio = max_examples_ratio
+        # DP-FedAvg (privacy=central or distributed): the round's update is its DP mean
+        self.private: PrivateMean | None = None
         self.node_rank: dict[int, int] = {}  # node id -> partition id (data survey)
         self.surveyed: dict[int, int] | None = None  # node id -> num_examples (data survey)
         self.histograms: dict[int, np.ndarray] = {}  # node id -> label histogram (data survey)
@@ -141,7 +148,7 @@ class DriftStrategy(FederatedEvaluation, ReplyGuard, FedAvg):
         level = flwr_logger.level
         flwr_logger.setLevel(logging.ERROR)  # Flower warns of settings chosen on purpose (mu=0)
         try:
-            return cls(selection=SELECTIONS[cfg.selection.name].from_config(cfg, model),
+            strategy = cls(selection=SELECTIONS[cfg.selection.name].from_config(cfg, model),
                        aggregation=AGGREGATIONS[cfg.aggregation.name].from_config(cfg, model),
                        objective=cfg.strategy.objective, round_timeout=cfg.round_timeout,
                        max_update_ratio=cfg.max_update_ratio,
@@ -155,6 +162,10 @@ class DriftStrategy(FederatedEvaluation, ReplyGuard, FedAvg):
                                        experiment=cfg))
         finally:
             flwr_logger.setLevel(level)
+        if cfg.privacy.enabled:
+            strategy.private = PrivateMean(cfg.privacy, num_clients=cfg.num_clients,
+                                           per_round=strategy.train_count(cfg.num_clients))
+        return strategy
 
     @classmethod
     def arguments(cls, settings: Any, *, model: nn.Module, aux_set: AuxSet | None,
@@ -253,6 +264,8 @@ class DriftStrategy(FederatedEvaluation, ReplyGuard, FedAvg):
         config[SERVER_ROUND] = server_round
         config[METHOD] = self.objective
         nodes = self.before_train(server_round, self.sample(server_round, grid), config, grid)
+        if self.private:  # distributed DP: each client's share of the noise is sigma C / sqrt(m)
+            config[DP_CLIENTS] = len(nodes)
         shared = {ARRAYS: arrays, CONFIG: config, **self.knowledge(server_round)}
         content = RecordDict(shared)
         log(INFO, "configure_train: %d of the nodes train in round %d", len(nodes), server_round)
@@ -339,6 +352,8 @@ class DriftStrategy(FederatedEvaluation, ReplyGuard, FedAvg):
         if expected is not None and steps != expected:
             return (f"'{LOCAL_STEPS}' is {steps:.12g}, but {self.steps_rule(update)} make "
                     f"{expected}")
+        if self.private:
+            return self.private.reject(update, self.global_arrays, len(self.trained))
         return self.aggregation.reject(update)
 
     def local_steps(self, update: ClientUpdate) -> int | None:
@@ -368,10 +383,16 @@ class DriftStrategy(FederatedEvaluation, ReplyGuard, FedAvg):
             log(WARNING, "round %d: no usable reply; the global model stays as it was",
                 server_round)
             return None, None
-        metrics = mean_metrics(updates, example_weights(updates))
+        if self.private:  # DP-FedAvg: every client counts once, in the metrics too
+            metrics = mean_metrics(updates, np.full(len(updates), 1 / len(updates)))
+            refused = None
+            aggregate = self.private.combine(updates, self.global_arrays, len(self.trained),
+                                             server_round)
+        else:
+            metrics = mean_metrics(updates, example_weights(updates))
+            refused = self.aggregation.refuse(updates)
+            aggregate = {} if refused else self.aggregation.aggregate(updates, self.global_arrays)
         self.report.train_metrics = metrics
-        refused = self.aggregation.refuse(updates)
-        aggregate = {} if refused else self.aggregation.aggregate(updates, self.global_arrays)
         refused = refused or self.refuse_aggregate(aggregate)
         if refused:
             log(WARNING, "round %d: %s; the global model stays as it was", server_round, refused)
@@ -380,6 +401,11 @@ class DriftStrategy(FederatedEvaluation, ReplyGuard, FedAvg):
         self.last_aggregate = aggregate
         return to_record(self.last_aggregate), MetricRecord(
             {k: v for k, v in metrics.items() if not isinstance(v, list)})
+
+    def stop_before(self, server_round: int) -> str | None:
+        """Why the run must stop before ``server_round`` (None: it goes on): the privacy
+        budget, privacy.target_epsilon, would be exceeded."""
+        return self.private.over_budget(server_round) if self.private else None
 
     def server_metrics(self, accuracy_of) -> dict[str, float]:
         """Method diagnostics the server measures each round; ``accuracy_of(arrays)`` tests a

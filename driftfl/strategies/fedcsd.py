@@ -93,6 +93,7 @@ class FedCSD(EMATeacher):
     P comes from); ``num_classes``: the rows of P_G."""
 
     Settings = FedCSDSettings
+    unprotected = "its clients' per-class logit prototypes"
     provides = frozenset({TEACHER, PROTOTYPES})
 
     def __init__(self, *, source: str, num_classes: int, **kwargs):

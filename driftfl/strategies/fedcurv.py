@@ -61,6 +61,7 @@ class FedCurv(DriftStrategy):
     """``param_keys``: the model's trainable parameters (its other arrays are buffers)."""
 
     provides = frozenset({FISHER_PENALTY})
+    unprotected = "its clients' Fisher information terms, which the penalty sends to all"
 
     def __init__(self, *, param_keys: frozenset[str], **kwargs):
         super().__init__(**kwargs)

@@ -48,6 +48,7 @@ class FedDyn(DriftStrategy):
     clients' alpha."""
 
     server_columns = frozenset({"server_h_norm"})
+    unprotected = "its h, a running sum of every client's own unclipped model"
 
     def __init__(self, *, param_keys: tuple[str, ...], num_clients: int, alpha: float,
                  **kwargs):

@@ -71,6 +71,7 @@ class FedProto(DriftStrategy):
     ``by_counts``: P_G,c weighted by the holders' counts of c (False: a plain mean)."""
 
     Settings = FedProtoSettings
+    unprotected = "its clients' per-class feature prototypes"
     server_columns = frozenset({"prototype_classes"})
 
     provides = frozenset({FEATURE_PROTOTYPES})

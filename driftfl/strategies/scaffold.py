@@ -84,6 +84,7 @@ class Scaffold(DriftStrategy):
     server_columns = frozenset({"server_control_norm"})
 
     provides = frozenset({CONTROL})
+    unprotected = "its clients' control-variate updates"
 
     def __init__(self, *, param_keys: tuple[str, ...], num_clients: int, lr: float,
                  momentum: float, divisor: str = "effective", **kwargs):

@@ -1,0 +1,43 @@
+"""What a client does for differential privacy before it replies (driftfl.common.privacy).
+
+- ``privacy=distributed``: the client clips its own update w_k - w to the clip norm C and adds
+  its share of the round's noise, N(0, (sigma C)^2 / m) per coordinate, m the round's clients
+  (the server's ``dp-clients``). The noise comes from the operating system's entropy, never
+  from the experiment's seed: the server knows the seed, and noise it could regenerate would
+  protect nothing.
+- under any privacy setting the reply's metrics are cut to what the server's checks need and
+  the data survey disclosed already (examples, local steps): a training loss or a logit shift
+  per client is a release about the client's data that no noise covers.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from flwr.app import Array, ArrayRecord
+
+from driftfl.common.privacy import PrivacySettings, add_noise, clip_update
+from driftfl.common.protocol import LOCAL_STEPS, NUM_EXAMPLES
+
+
+def privatise(trained: ArrayRecord, received: ArrayRecord, settings: PrivacySettings,
+              clients: int, rng: np.random.Generator | None = None) -> ArrayRecord:
+    """The trained model to send: the received one plus the clipped, noised update
+    (``privacy=distributed``; the trained model as it is otherwise)."""
+    if settings.name != "distributed":
+        return trained
+    rng = rng if rng is not None else np.random.default_rng()  # OS entropy
+    start = {k: received[k].numpy() for k in received}
+    end = {k: trained[k].numpy() for k in trained}
+    keys = [k for k, v in start.items() if v.dtype.kind == "f"]
+    delta, _ = clip_update([end[k].astype(np.float64) - start[k] for k in keys], settings.clip)
+    noised = add_noise(delta, settings.share_noise_std(clients), rng)
+    for key, value in zip(keys, noised):
+        end[key] = (start[key] + value).astype(start[key].dtype)
+    return ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in end.items()})
+
+
+def disclosed_metrics(metrics: dict, settings: PrivacySettings) -> dict:
+    """The metrics a reply may carry: all of them without privacy; examples and steps with."""
+    if not settings.enabled:
+        return metrics
+    return {k: metrics[k] for k in (NUM_EXAMPLES, LOCAL_STEPS)}

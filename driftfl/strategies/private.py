@@ -1,0 +1,112 @@
+"""DP-FedAvg's server half (driftfl.common.privacy has the mechanism): the round's update is the
+plain mean of the accepted clients' updates over the m clients sent a train message, clipped
+by the server (central) or by each client (distributed), noised by the server (central) or
+already by the clients (distributed); epsilon is what dp-accounting composes over the rounds.
+
+Why not Flower's DifferentialPrivacyServerSideFixedClipping / ClientSideFixedClipping: they
+wrap a strategy object, so the driftfl strategy inside would lose its interface (its reply
+checks, its report, its state for checkpoints); they clip before driftfl's reply checks
+would run; they average by example count, where a client's weight would be its own
+sensitivity; and they cover the model's arrays only. Flower's clipping primitive and
+dp-accounting are reused; the glue is here.
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+
+import numpy as np
+
+from driftfl.common.accounting import subsampled_gaussian_epsilon
+from driftfl.common.privacy import PrivacySettings, add_noise, clip_update
+
+from .aggregation import ClientUpdate
+
+# a client's noise share of std s over d coordinates has norm at most s (sqrt(d) + TAIL)
+# but with probability exp(-TAIL^2 / 2) (Gaussian concentration): an honest reply never
+# meets the bound
+TAIL = 10.0
+
+
+class PrivateMean:
+    """The DP mean of a round's updates, and the privacy spent.
+
+    ``per_round``: the clients a round selects out of ``num_clients`` (the sampling rate the
+    accountant amplifies by). The noise seed is drawn from the OS, never from the
+    experiment's seed: whoever holds the run's config must not be able to subtract the
+    noise; a checkpoint keeps it, so a resumed run adds the same noise."""
+
+    def __init__(self, settings: PrivacySettings, *, num_clients: int, per_round: int):
+        self.settings = settings
+        self.num_clients = num_clients
+        self.per_round = per_round
+        self.noise_seed = secrets.randbits(62)
+
+    @property
+    def sample_rate(self) -> float:
+        return min(1.0, self.per_round / self.num_clients)
+
+    def epsilon(self, rounds: int) -> float:
+        """Epsilon at the settings' delta after ``rounds`` rounds (inf without noise)."""
+        if rounds == 0:
+            return 0.0
+        if self.settings.noise_multiplier == 0:
+            return math.inf
+        return subsampled_gaussian_epsilon(self.sample_rate, self.settings.noise_multiplier,
+                                           rounds, self.settings.delta)
+
+    def over_budget(self, server_round: int) -> str | None:
+        """Why round ``server_round`` must not run (None: it may): it would take epsilon past
+        privacy.target_epsilon."""
+        target = self.settings.target_epsilon
+        if target is None or self.epsilon(server_round) <= target:
+            return None
+        return (f"round {server_round} would spend epsilon {self.epsilon(server_round):.3g} "
+                f"at delta {self.settings.delta:g}, past privacy.target_epsilon={target:g}; "
+                f"the run stops after round {server_round - 1} (epsilon "
+                f"{self.epsilon(server_round - 1):.3g})")
+
+    def reply_bound(self, dimension: int, clients: int) -> float:
+        """The largest update norm an honest client sends: its clip, plus (distributed) the
+        norm its noise share reaches but with negligible probability."""
+        if self.settings.name != "distributed":
+            return math.inf  # central: the server clips whatever comes
+        share = self.settings.share_noise_std(clients)
+        return self.settings.clip + share * (math.sqrt(dimension) + TAIL)
+
+    def reject(self, update: ClientUpdate, global_arrays: dict[str, np.ndarray],
+               clients: int) -> str | None:
+        keys = _float_keys(global_arrays)
+        delta = [update.arrays[k] - global_arrays[k] for k in keys]
+        norm = float(np.sqrt(sum(float(np.sum(np.square(d, dtype=np.float64))) for d in delta)))
+        bound = self.reply_bound(sum(d.size for d in delta), clients)
+        if norm > bound:
+            return (f"its update's norm {norm:.4g} exceeds what privacy=distributed lets a "
+                    f"client send ({bound:.4g}: clip {self.settings.clip:g} plus its noise)")
+        return None
+
+    def combine(self, updates: list[ClientUpdate], global_arrays: dict[str, np.ndarray],
+                clients: int, server_round: int) -> dict[str, np.ndarray]:
+        """global + (sum of the clipped updates) / ``clients`` + noise (central); the clients
+        not heard from count as a zero update, so one client moves the mean by at most C / m."""
+        keys = _float_keys(global_arrays)
+        total = [np.zeros(global_arrays[k].shape, np.float64) for k in keys]
+        for update in updates:
+            delta = [update.arrays[k].astype(np.float64) - global_arrays[k] for k in keys]
+            if self.settings.name == "central":
+                delta, _ = clip_update(delta, self.settings.clip)
+            total = [t + d for t, d in zip(total, delta)]
+        mean = [t / clients for t in total]
+        if self.settings.name == "central":
+            rng = np.random.default_rng([self.noise_seed, server_round])
+            mean = add_noise(mean, self.settings.mean_noise_std(clients), rng)
+        out = dict(global_arrays)
+        for key, value in zip(keys, mean):
+            out[key] = (global_arrays[key] + value).astype(global_arrays[key].dtype)
+        return out
+
+
+def _float_keys(arrays: dict[str, np.ndarray]) -> list[str]:
+    """The arrays DP covers: the float ones (a counter such as BatchNorm's is not an update)."""
+    return [k for k, v in arrays.items() if v.dtype.kind == "f"]
