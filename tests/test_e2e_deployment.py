@@ -356,15 +356,21 @@ def test_simulation_and_deployment_train_the_same_bytes_also_across_a_superlink_
     nodes = [f"dataset='fmnist' partition-id={i} num-partitions=2" for i in range(2)]
     on_federation = [driftfl_bin(), "run", "superlink=deployment", *overrides, "node_wait=120"]
     with deployment(nodes, tmp_path) as cluster:
-        first = subprocess.Popen([*on_federation, f"hydra.run.dir={deployed}"], cwd=tmp_path,
-                                 env=cluster.env, stdout=subprocess.DEVNULL,
-                                 stderr=subprocess.PIPE, text=True)
+        followed = tmp_path / "first.log"
+        with open(followed, "w") as log:
+            first = subprocess.Popen([*on_federation, f"hydra.run.dir={deployed}"],
+                                     cwd=tmp_path, env=cluster.env, stdout=log,
+                                     stderr=subprocess.PIPE, text=True)
         deadline = time.monotonic() + 600
         while not (deployed / "checkpoint.pt").exists():  # a round is done
             if first.poll() is not None or time.monotonic() > deadline:
                 first.kill()
+                logs = [followed, tmp_path / "superlink.log", tmp_path / "supernode0.log",
+                        tmp_path / "supernode1.log"]
                 raise AssertionError("the deployed run ended before its first round was saved:\n"
-                                     + first.communicate()[1][-4000:])
+                                     + first.communicate()[1][-3000:] + "".join(
+                                         f"\n--- {p.name}:\n{p.read_text()[-3000:]}"
+                                         for p in logs if p.is_file()))
             time.sleep(0.2)
         stop(cluster.superlink)
         stopped = first.communicate(timeout=120)[1]

@@ -217,3 +217,30 @@ def test_stopping_driftfl_run_stops_every_process_it_started(tmp_path, fmnist_av
     assert proc.wait(timeout=120) != 0
     _, alive = psutil.wait_procs(started, timeout=30)
     assert not alive, [" ".join(p.cmdline()) for p in alive]
+
+
+def test_a_private_run_reports_epsilon_and_stops_at_its_budget(tmp_path, fmnist_available):
+    """privacy=distributed through real Flower: each round's epsilon (dp-accounting) in the
+    round line, metrics.csv and summary.json; the budget stops the run before the round that
+    would exceed it, in one line, and the run still completes with what it trained."""
+    run_dir = tmp_path / "run"
+    out = subprocess.run([driftfl_bin(), "run", *QUICK, "rounds=3", "privacy=distributed",
+                          "privacy.noise_multiplier=0.05", "privacy.target_epsilon=600",
+                          f"hydra.run.dir={run_dir}"],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    rows = read_rounds(run_dir)
+    epsilons = [r["epsilon"] for r in rows]
+    assert [r["round"] for r in rows] == [0, 1, 2] and epsilons[0] == 0
+    assert 0 < epsilons[1] < epsilons[2] <= 600
+    assert all(r["clients"] == 4 and r["rejected"] == 0 for r in rows[1:])
+    assert rows[-1]["test_accuracy"] > rows[0]["test_accuracy"] + 0.3  # little noise: it learns
+    assert "driftfl: round 3 would spend epsilon 772 at delta 1e-05, past privacy." \
+           "target_epsilon=600; the run stops after round 2" in out.stdout, out.stdout[-3000:]
+    assert "driftfl: 2 rounds in" in out.stdout
+    assert f"epsilon {epsilons[2]:.3g}" in out.stdout
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["rounds_run"] == 2
+    assert summary["epsilon"] == epsilons[2] and summary["delta"] == 1e-5
+    header = (run_dir / "metrics.csv").read_text().splitlines()[0].split(",")
+    assert "epsilon" in header and "train_loss" not in header  # the clients kept their loss

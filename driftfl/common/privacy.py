@@ -106,7 +106,8 @@ def clip_update(update: list[np.ndarray], clip: float) -> tuple[list[np.ndarray]
 
     clipped = [np.array(a, dtype=np.float64) for a in update]
     norm = get_norm(clipped)
-    clip_inputs_inplace(clipped, clip)
+    if norm > 0:  # Flower's divides by the norm: a zero update (a client that learned nothing)
+        clip_inputs_inplace(clipped, clip)
     return [c.astype(a.dtype, copy=False) for c, a in zip(clipped, update)], float(norm)
 
 

@@ -148,6 +148,14 @@ def _diagnostic(group: Group, metric: str) -> str:
     return _mean(pooled, 3) + _of(len(recording), len(group.runs))
 
 
+def _epsilon(group: Group) -> str:
+    """The privacy the runs spent: epsilon after their last round (at the runs' delta), mean
+    over the runs that record it; '-' without differential privacy."""
+    spent = [run.trained[-1]["epsilon"] for run in group.runs
+             if run.trained and number(run.trained[-1].get("epsilon"))]
+    return f"{statistics.fmean(spent):.3g}{_of(len(spent), len(group.runs))}" if spent else "-"
+
+
 def summarise(shown: list[Group], groups: list[Group], by: list[str], target: str | None,
               metrics: tuple[str, ...] = ()) -> tuple[list[str], list[list], list[str]]:
     """The header, a row for each of ``shown`` and notes on what is missing; ``groups`` (all
@@ -156,6 +164,9 @@ def summarise(shown: list[Group], groups: list[Group], by: list[str], target: st
               f"rounds to {target}'s final acc" if target else "rounds to target",
               "s / round from round 2", "s in round 1 (incl. start-up)",
               "MB / client / round (down, up)", *(f"mean {m}" for m in metrics)]
+    private = any(_epsilon(group) != "-" for group in shown)
+    if private:  # differential privacy: the epsilon each row's accuracy cost
+        header.insert(header.index("best acc (%)") + 1, "epsilon")
     rows = []
     for group in shown:
         trained = [row for run in group.runs for row in run.trained]
@@ -166,6 +177,8 @@ def summarise(shown: list[Group], groups: list[Group], by: list[str], target: st
                      _mean(numbers([r for r in trained if r["round"] > 1], "seconds"), 1),
                      _mean(numbers([r for r in trained if r["round"] == 1], "seconds"), 1),
                      _traffic(trained), *(_diagnostic(group, m) for m in metrics)])
+        if private:
+            rows[-1].insert(header.index("epsilon"), _epsilon(group))
     notes = []
     for metric in metrics:
         lacking = [g.title for g in shown if not any(numbers(r.trained, metric) for r in g.runs)]

@@ -80,7 +80,8 @@ def round_line(row: dict, rounds: int) -> str:
 def summary_line(summary: dict, run_dir) -> str:
     incomplete = (f"driftfl: the run is {summary['status']}: {summary['reason']}\n"
                   if summary.get("reason") else "")
-    return incomplete + (f"driftfl: {summary['rounds']} rounds in {duration(summary['seconds'])}; final test "
+    rounds = summary.get("rounds_run", summary["rounds"])  # a privacy budget may stop it early
+    return incomplete + (f"driftfl: {rounds} rounds in {duration(summary['seconds'])}; final test "
             f"accuracy {100 * summary['final_accuracy']:.2f}% (best "
             f"{100 * summary['best_accuracy']:.2f}% at round {summary['best_round']})\n"
             f"{RESULTS}{run_dir} (metrics.csv, metrics.json, accuracy.png, model.pt)")

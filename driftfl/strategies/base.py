@@ -284,6 +284,8 @@ class DriftStrategy(FederatedEvaluation, ReplyGuard, FedAvg):
         rest are logged and counted, never used."""
         updates, report = [], RoundReport()
         bound = norm_bound(self.global_arrays, self.max_update_ratio)  # once for the round
+        if self.private:  # distributed DP: an honest reply carries its share of the noise
+            bound = max(bound, self.private.reply_bound(self.dimension, len(self.trained)))
         replies = list(replies)
         answered = {msg.metadata.src_node_id for msg in replies}
         silent = [n for n in self.trained if n not in answered]
@@ -372,6 +374,8 @@ class DriftStrategy(FederatedEvaluation, ReplyGuard, FedAvg):
             return "the aggregate holds NaN or infinite values"
         update = update_norm(arrays, self.global_arrays)
         bound = norm_bound(self.global_arrays, self.max_update_ratio)
+        if self.private:  # and the DP noise on the mean
+            bound = max(bound, self.private.aggregate_bound(self.dimension, len(self.trained)))
         if not update <= bound:
             return f"the aggregate's update norm {update:.3g} exceeds the bound {bound:.3g}"
         return None
@@ -401,6 +405,11 @@ class DriftStrategy(FederatedEvaluation, ReplyGuard, FedAvg):
         self.last_aggregate = aggregate
         return to_record(self.last_aggregate), MetricRecord(
             {k: v for k, v in metrics.items() if not isinstance(v, list)})
+
+    @property
+    def dimension(self) -> int:
+        """The float coordinates of the model: the ones differential privacy noises."""
+        return sum(v.size for v in self.global_arrays.values() if v.dtype.kind == "f")
 
     def stop_before(self, server_round: int) -> str | None:
         """Why the run must stop before ``server_round`` (None: it goes on): the privacy

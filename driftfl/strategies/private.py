@@ -75,6 +75,12 @@ class PrivateMean:
         share = self.settings.share_noise_std(clients)
         return self.settings.clip + share * (math.sqrt(dimension) + TAIL)
 
+    def aggregate_bound(self, dimension: int, clients: int) -> float:
+        """The largest norm the round's DP mean update reaches: every clipped update, plus the
+        norm its noise reaches but with negligible probability."""
+        return self.settings.clip + self.settings.mean_noise_std(clients) * (
+            math.sqrt(dimension) + TAIL)
+
     def reject(self, update: ClientUpdate, global_arrays: dict[str, np.ndarray],
                clients: int) -> str | None:
         keys = _float_keys(global_arrays)
