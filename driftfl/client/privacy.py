@@ -29,7 +29,7 @@ def privatise(trained: ArrayRecord, received: ArrayRecord, settings: PrivacySett
     start = {k: received[k].numpy() for k in received}
     end = {k: trained[k].numpy() for k in trained}
     keys = [k for k, v in start.items() if v.dtype.kind == "f"]
-    delta, _ = clip_update([end[k].astype(np.float64) - start[k] for k in keys], settings.clip)
+    delta, _ = clip_update([end[k] - start[k] for k in keys], settings.clip, in_place=True)
     noised = add_noise(delta, settings.share_noise_std(clients), rng)
     for key, value in zip(keys, noised):
         end[key] = (start[key] + value).astype(start[key].dtype)

@@ -99,16 +99,17 @@ def _changed(settings: Settings) -> list[str]:
             if key != "name" and getattr(settings, key) != field.default]
 
 
-def clip_update(update: list[np.ndarray], clip: float) -> tuple[list[np.ndarray], float]:
+def clip_update(update: list[np.ndarray], clip: float, *,
+                in_place: bool = False) -> tuple[list[np.ndarray], float]:
     """``update`` scaled to L2 norm at most ``clip`` (over all its arrays together), and its
-    norm before: Flower's clipping primitive on a copy."""
+    norm before: Flower's clipping primitive, on a copy unless ``in_place``."""
     from flwr.supercore.differential_privacy import clip_inputs_inplace, get_norm
 
-    clipped = [np.array(a, dtype=np.float64) for a in update]
+    clipped = update if in_place else [np.array(a, copy=True) for a in update]
     norm = get_norm(clipped)
     if norm > 0:  # Flower's divides by the norm: a zero update (a client that learned nothing)
         clip_inputs_inplace(clipped, clip)
-    return [c.astype(a.dtype, copy=False) for c, a in zip(clipped, update)], float(norm)
+    return clipped, float(norm)
 
 
 def add_noise(arrays: list[np.ndarray], std: float, rng: np.random.Generator) -> list[np.ndarray]:

@@ -99,10 +99,11 @@ class PrivateMean:
         keys = _float_keys(global_arrays)
         total = [np.zeros(global_arrays[k].shape, np.float64) for k in keys]
         for update in updates:
-            delta = [update.arrays[k].astype(np.float64) - global_arrays[k] for k in keys]
+            delta = [update.arrays[k] - global_arrays[k] for k in keys]
             if self.settings.name == "central":
-                delta, _ = clip_update(delta, self.settings.clip)
-            total = [t + d for t, d in zip(total, delta)]
+                clip_update(delta, self.settings.clip, in_place=True)
+            for t, d in zip(total, delta):
+                t += d
         mean = [t / clients for t in total]
         if self.settings.name == "central":
             rng = np.random.default_rng([self.noise_seed, server_round])
