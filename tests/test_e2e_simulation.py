@@ -238,6 +238,8 @@ def test_a_private_run_reports_epsilon_and_stops_at_its_budget(tmp_path, fmnist_
     assert "driftfl: round 3 would spend epsilon 772 at delta 1e-05, past privacy." \
            "target_epsilon=600; the run stops after round 2" in out.stdout, out.stdout[-3000:]
     assert "driftfl: 2 rounds in" in out.stdout
+    assert "privacy: DP-FedAvg (distributed): each client clips its own update to 1" in out.stdout
+    assert "without secure aggregation the server sees each client's update" in out.stdout
     assert f"epsilon {epsilons[2]:.3g}" in out.stdout
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["rounds_run"] == 2

@@ -144,6 +144,8 @@ def run_experiment(grid: Grid, experiment: Experiment, run_dir: Path, run_id: in
     title = (f"{cfg.strategy.name} on {cfg.dataset.name}, {describe(cfg.partition)}, "
              f"{len(clients)} clients, {cfg.model.name}")
     print(console.partition_table(clients, list(experiment.data.classes), title), flush=True)
+    if strategy.private:
+        print(strategy.private.plan(cfg.rounds, cfg.secagg.enabled), flush=True)
     aux_labels = experiment.data.train_y[experiment.aux_indices]
     recorder.partition({"dataset": cfg.dataset.name, "partition": cfg.partition.model_dump(),
                         "seed": cfg.seed, "classes": list(experiment.data.classes),

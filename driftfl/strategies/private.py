@@ -56,6 +56,24 @@ class PrivateMean:
         return subsampled_gaussian_epsilon(self.sample_rate, self.settings.noise_multiplier,
                                            rounds, self.settings.delta)
 
+    def plan(self, rounds: int, secure_sum: bool) -> str:
+        """What the run will do and spend, for the line a run prints before its rounds."""
+        s = self.settings
+        who = ("the server clips each client's update" if s.name == "central"
+               else "each client clips its own update")
+        line = (f"privacy: DP-FedAvg ({s.name}): {who} to {s.clip:g}, and the mean "
+                f"of the {self.per_round} of {self.num_clients} clients a round selects gets "
+                f"noise {s.noise_multiplier:g} x {s.clip:g} / {self.per_round}; epsilon after "
+                f"{rounds} rounds at delta {s.delta:g}: {self.epsilon(rounds):.3g}")
+        if s.target_epsilon is not None:
+            line += f" (the run stops before passing {s.target_epsilon:g})"
+        if s.name == "distributed" and not secure_sum:
+            line += (f"\nprivacy: without secure aggregation the server sees each client's "
+                     f"update with only its share of the noise (std "
+                     f"{s.share_noise_std(self.per_round):.3g}, not "
+                     f"{s.noise_multiplier * s.clip:.3g}); secagg=secaggplus hides all but the sum")
+        return line
+
     def over_budget(self, server_round: int) -> str | None:
         """Why round ``server_round`` must not run (None: it may): it would take epsilon past
         privacy.target_epsilon."""
