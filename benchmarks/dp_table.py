@@ -1,0 +1,48 @@
+"""The accuracy-against-epsilon table of benchmarks/dp_accuracy.sh, from the runs it keeps:
+one row per method and noise multiplier, mean ± std over the seeds. Unlike `driftfl report` it
+counts runs the noise made incomplete (rounds in which every reply diverged and the model
+stayed), since that is what the noise costs.
+
+    .venv/bin/python benchmarks/dp_table.py docs/results/dp-accuracy
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+
+def spread(values: list[float]) -> str:
+    mean = 100 * statistics.fmean(values)
+    return f"{mean:.2f} ± {100 * statistics.stdev(values):.2f}" if len(values) > 1 else \
+        f"{mean:.2f} ± -"
+
+
+def main(root: Path) -> None:
+    rows: dict[tuple[str, str], list[dict]] = defaultdict(list)
+    for summary in sorted(root.glob("*/seed*/summary.json")):
+        method, noise = summary.parent.parent.name.rsplit("_", 1)
+        rounds = json.loads((summary.parent / "metrics.json").read_text())["rounds"]
+        rows[method, noise].append({"summary": json.loads(summary.read_text()),
+                                    "accuracy": [r["test_accuracy"] for r in rounds],
+                                    "idle": sum(not r["model_updated"] for r in rounds[1:])})
+    print("| method | noise multiplier | epsilon (delta 1e-5) | runs | final acc (%) | "
+          "last 5 rounds (%) | best (%) | rounds the model stayed |")
+    print("|---|---|---|---|---|---|---|---|")
+    order = {"none": -1.0}
+    for (method, noise), runs in sorted(rows.items(), key=lambda kv: (
+            kv[0][0], order.get(kv[0][1], float(kv[0][1]) if kv[0][1] != "none" else -1))):
+        epsilon = runs[0]["summary"].get("epsilon")
+        print(f"| {method} | {'no DP' if noise == 'none' else noise} | "
+              f"{'-' if epsilon is None else f'{epsilon:.3g}'} | {len(runs)} | "
+              f"{spread([r['accuracy'][-1] for r in runs])} | "
+              f"{spread([statistics.fmean(r['accuracy'][-5:]) for r in runs])} | "
+              f"{spread([max(r['accuracy']) for r in runs])} | "
+              f"{sum(r['idle'] for r in runs)} of {sum(len(r['accuracy']) - 1 for r in runs)} |")
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1] if len(sys.argv) > 1 else "docs/results/dp-accuracy"))
