@@ -24,6 +24,10 @@ Gaussian window, sigma 1.5), each reconstruction matched to one real image of th
 Hungarian matching on the MSE.
 
     PYTHONPATH=. .venv/bin/python benchmarks/inversion.py [--out DIR] [--iterations N] [--seed S]
+    # and --models, --batches, --sigmas (e.g. none,0.001), --tv: comma lists, see --help
+
+The default command (12 attacks of 2,000 iterations) takes about 5 minutes on 2 busy cores,
+one torch thread; docs/results.md has its table.
 """
 
 from __future__ import annotations
