@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# shellcheck disable=SC2016  # the jobs' script (in single quotes) expands its own variables
 # Accuracy against epsilon (docs/results.md, "Differential privacy: accuracy against epsilon"):
 # FedAvg, FedProx and FedNTD without DP and with privacy=central at noise multipliers 0.5, 1
 # and 2, on Fashion-MNIST Dir(0.5) with 100 clients, 20 per round (sampling rate 0.2), LeNet-5,
