@@ -17,13 +17,14 @@ from pathlib import Path
 from typing import Any, Literal
 
 from omegaconf import DictConfig, OmegaConf
-from pydantic import ConfigDict, Field, SerializeAsAny, field_validator
+from pydantic import ConfigDict, Field, SerializeAsAny, ValidationError, field_validator
 
 from .datasets import DatasetSettings, dataset_settings
 from .errors import ConfigError
 from .models import ModelSettings, model_settings
 from .partition import PartitionSettings, partition_settings
-from .settings import MANY, Settings, unknown_key, validated
+from .privacy import SecAggSettings
+from .settings import MANY, Settings, describe, unknown_key, validated
 
 # conf/ sits beside the package, in the source tree and in the Flower app bundle alike.
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
@@ -112,6 +113,8 @@ class ExperimentConfig(Settings):
     # claim only its key's partition. None: the first node to claim a partition keeps it
     owners: str | None = None
     tracker: Literal["none", "tensorboard"] = "none"  # also stream per-round metrics there
+    # secure aggregation (the ``secagg`` config group): none, or Flower's SecAgg+ protocol
+    secagg: SecAggSettings = SecAggSettings()
     label: str
     verbose: bool = False
 
@@ -131,9 +134,23 @@ class ExperimentConfig(Settings):
         return experiment_config(json.loads(text))
 
 
-# the sections checked here, each against the schema its name selects
+def secagg_settings(data: Mapping | Settings) -> SecAggSettings:
+    """The ``secagg`` section; its validator's sentences name their keys in full."""
+    if isinstance(data, Settings):
+        return data
+    try:
+        return SecAggSettings.model_validate(dict(data))
+    except ValidationError as err:
+        first = err.errors()[0]
+        if first["type"] == "value_error" and not first["loc"]:
+            raise ConfigError(str(first["ctx"]["error"])) from None
+        raise ConfigError(describe(first, SecAggSettings, "secagg.")) from None
+
+
+# the sections checked here, each against the schema its name selects (or its own)
 SECTIONS: dict[str, Callable[[Mapping], Settings]] = {
-    "dataset": dataset_settings, "partition": partition_settings, "model": model_settings}
+    "dataset": dataset_settings, "partition": partition_settings, "model": model_settings,
+    "secagg": secagg_settings}
 
 
 def experiment_config(data: Mapping[str, Any]) -> ExperimentConfig:
