@@ -11,6 +11,7 @@ See docs/adding-a-method.md.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
@@ -34,6 +35,9 @@ class Method:
     # the server's update holds only for clients that train with this objective (SCAFFOLD's
     # control variates, FedDyn's linear term): strategy.objective cannot change it
     objective_fixed: bool = False
+    # what its clients send the server beside the model and metrics ("" for none): secure
+    # aggregation would protect the model but not this
+    payload: str = ""
 
 
 METHODS: dict[str, Method] = {
@@ -41,19 +45,20 @@ METHODS: dict[str, Method] = {
     "fedprox": Method(FedProx, "prox"),
     "fedavgm": Method(FedAvgM, "ce"),
     "fednova": Method(FedAvg, "ce"),  # its yaml chooses aggregation=fednova
-    "fedcsd": Method(FedCSD, "csd"),
+    "fedcsd": Method(FedCSD, "csd", payload="class prototypes (their teacher's mean logits)"),
     "fedlsd": Method(FedAvg, "lsd"),
     "fedntd": Method(FedAvg, "ntd"),
     "fedgkd": Method(FedGKD, "gkd"),
     "moon": Method(FedAvg, "moon"),
-    "fedproto": Method(FedProto, "proto"),
+    "fedproto": Method(FedProto, "proto", payload="feature prototypes"),
     "fedssd": Method(FedSSD, "ssd"),
     "fedcad": Method(FedCAD, "cad"),
     "feddisco": Method(FedAvg, "ce"),  # its yaml chooses aggregation=feddisco
-    "dcfl": Method(DCFL, "ce"),  # its yaml chooses selection=cka
-    "scaffold": Method(Scaffold, "scaffold", objective_fixed=True),
+    "dcfl": Method(DCFL, "ce", payload="condensed images and its classifier"),  # its yaml chooses selection=cka
+    "scaffold": Method(Scaffold, "scaffold", objective_fixed=True,
+                       payload="control-variate deltas"),
     "feddyn": Method(FedDyn, "dyn", objective_fixed=True),
-    "fedcurv": Method(FedCurv, "curv"),
+    "fedcurv": Method(FedCurv, "curv", payload="Fisher information terms"),
 }
 
 
@@ -134,7 +139,48 @@ def check_experiment(cfg: ExperimentConfig | dict[str, Any]) -> ExperimentConfig
         raise ConfigError(f"min_clients={checked.min_clients} exceeds num_clients="
                           f"{checked.num_clients}; set min_clients at most num_clients")
     AGGREGATIONS[checked.aggregation.name].check(checked)
+    check_secagg(checked)
     return checked
+
+
+# what each aggregation other than the plain mean needs that secure aggregation hides
+SECAGG_LOSES = {
+    "krum": "Krum scores every client's individual update",
+    "median": "the coordinate-wise median needs every client's individual update",
+    "trimmed_mean": "the trimmed mean sorts every client's individual update",
+    "fednova": "FedNova normalises each client's update by its own step count",
+    "feddisco": "FedDisco reweighs each client's individual update by its label discrepancy",
+}
+
+
+def check_secagg(cfg: ExperimentConfig) -> None:
+    """ConfigError for what SecAgg+ cannot serve: an aggregation that needs each update, a
+    method whose clients send more than the model, too few clients per round, central DP."""
+    if not cfg.secagg.enabled:
+        return
+    head = f"secagg={cfg.secagg.name}"
+    aggregation = cfg.aggregation.name
+    if aggregation != "mean":
+        loses = SECAGG_LOSES.get(aggregation, f"aggregation={aggregation} needs each update")
+        raise ConfigError(f"{head} with aggregation={aggregation}: {loses}, which secure "
+                          "aggregation hides; use aggregation=mean")
+    payload = METHODS[cfg.strategy.name].payload
+    if payload:
+        raise ConfigError(f"{head} with strategy={cfg.strategy.name}: its clients also send "
+                          f"{payload}, which would reach the server unprotected; choose a "
+                          "method whose clients send only the model (fedavg, fedprox, ...)")
+    privacy = getattr(cfg, "privacy", None)
+    if privacy is not None and privacy.name == "central":
+        raise ConfigError(f"{head} with privacy=central: the server clips each client's "
+                          "update, which secure aggregation hides; use privacy=distributed")
+    per_round = min(cfg.num_clients, max(1, math.floor(cfg.num_clients * cfg.fraction + 1e-9)))
+    neighbourhood, threshold = cfg.secagg.protocol_sizes(per_round)
+    if per_round < 2 or neighbourhood < threshold:
+        raise ConfigError(f"{head} with {per_round} client(s) per round (num_clients="
+                          f"{cfg.num_clients}, fraction={cfg.fraction:g}): SecAgg+ needs at "
+                          f"least {max(2, threshold)} (secagg.reconstruction_threshold="
+                          f"{cfg.secagg.reconstruction_threshold}); add clients or lower "
+                          "secagg.reconstruction_threshold")
 
 
 def build_strategy(cfg: ExperimentConfig, model, aux_set: AuxSet | None = None,
