@@ -164,6 +164,11 @@ def check_secagg(cfg: ExperimentConfig) -> None:
         loses = SECAGG_LOSES.get(aggregation, f"aggregation={aggregation} needs each update")
         raise ConfigError(f"{head} with aggregation={aggregation}: {loses}, which secure "
                           "aggregation hides; use aggregation=mean")
+    if cfg.strategy.name == "feddyn":
+        raise ConfigError(f"{head} with strategy=feddyn: FedDyn's server correction h adds up "
+                          "every client's individual update, which secure aggregation hides; "
+                          "choose a method whose server needs only the mean (fedavg, fedprox, "
+                          "...)")
     payload = METHODS[cfg.strategy.name].payload
     if payload:
         raise ConfigError(f"{head} with strategy={cfg.strategy.name}: its clients also send "

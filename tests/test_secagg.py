@@ -70,10 +70,10 @@ def setup(grid_factory, overrides=()):
     return cfg, strategy, grid, record, model_to_arrays(model), clients
 
 
-def plain_updates(record, arrays, clients, strategy_round=1):
+def plain_updates(record, arrays, clients, strategy_round=1, overrides=()):
     """Each client's update and example count in a plain (unsecured) train round of the same
     experiment: the clients train deterministically, so these are what SecAgg+ carried."""
-    cfg, strategy, grid, record, arrays, _ = setup(InProcessGrid)
+    cfg, strategy, grid, record, arrays, _ = setup(InProcessGrid, overrides)
     replies = grid.send_and_receive(strategy.configure_train(strategy_round, arrays, record, grid))
     global_arrays = to_numpy(arrays)
     out = {}
@@ -105,9 +105,9 @@ def weighted(updates, counts):
     return {k: sum(w * u[k] for w, u in zip(n, updates)) for k in updates[0]}
 
 
-def check_aggregate(cfg, new, arrays, updates, counts):
-    expected = weighted(updates, counts)
-    bound = error_bound(cfg, counts, updates)
+def check_aggregate(cfg, new, arrays, updates, counts, step=1.0):
+    expected = {k: step * v for k, v in weighted(updates, counts).items()}
+    bound = step * error_bound(cfg, counts, updates)
     global_arrays = to_numpy(arrays)
     worst = max(np.abs(new[k] - global_arrays[k] - expected[k]).max() for k in expected)
     print(f"secure vs plain: worst {worst:.3g}, bound {bound:.3g}")
@@ -146,6 +146,48 @@ def test_a_client_that_drops_after_sharing_its_keys_leaves_the_mean_of_the_other
     assert drop in shared  # it took part until the collect stage
     plain = plain_updates(record, arrays, clients)
     others = sorted(n for n in plain if n != drop)
+    check_aggregate(cfg, to_numpy(new), arrays, [plain[n][0] for n in others],
+                    [plain[n][1] for n in others])
+
+
+def test_a_methods_own_aggregate_train_runs_on_the_secure_aggregate(fmnist_available,
+                                                                    server_task):
+    """FedAvgM's server momentum (Flower's, in its aggregate_train) applies to the secure mean:
+    round 1 with server_lr 0.5 moves the model half the mean update."""
+    overrides = ["strategy=fedavgm", "strategy.server_lr=0.5"]
+    cfg, strategy, grid, record, arrays, clients = setup(RecordingGrid, overrides)
+    new = secure_train_round(strategy, grid, cfg.secagg, 1, arrays, record, 60)
+    assert new is not None and strategy.report.clients == CLIENTS
+    plain = plain_updates(record, arrays, clients, overrides=overrides)
+    nodes = sorted(plain)
+    check_aggregate(cfg, to_numpy(new), arrays, [plain[n][0] for n in nodes],
+                    [plain[n][1] for n in nodes], step=0.5)
+
+
+class Overclaiming(RecordingGrid):
+    """Node 102's collect-stage reply claims ten times its examples in its clear metrics."""
+
+    def send_and_receive(self, messages, timeout=None):
+        replies = super().send_and_receive(messages, timeout)
+        for reply in replies:
+            if (self.replies[-1][0] == Stage.COLLECT_MASKED_VECTORS
+                    and reply.metadata.src_node_id == 102):
+                metrics = reply.content["metrics"]
+                metrics[NUM_EXAMPLES] = 10.0 * metrics[NUM_EXAMPLES]
+        return replies
+
+
+def test_a_reply_whose_clear_metrics_fail_the_checks_is_left_out_of_the_sum(
+        fmnist_available, server_task):
+    """What still can be checked is checked before the workflow sums the masked vectors; a
+    reply that fails is treated as a dropped node, so its masks are removed with it."""
+    cfg, strategy, grid, record, arrays, clients = setup(Overclaiming)
+    new = secure_train_round(strategy, grid, cfg.secagg, 1, arrays, record, 60)
+    assert new is not None and strategy.report.clients == CLIENTS - 1
+    assert strategy.report.rejected_partitions == ["2"]
+    assert "examples; the data survey found" in strategy.report.rejected[0]
+    plain = plain_updates(record, arrays, clients)
+    others = sorted(n for n in plain if n != 102)
     check_aggregate(cfg, to_numpy(new), arrays, [plain[n][0] for n in others],
                     [plain[n][1] for n in others])
 
@@ -202,6 +244,8 @@ def test_plain_messages_pass_the_secagg_mods_untouched(server_task):
     (["strategy=scaffold"], "with strategy=scaffold: its clients also send control-variate"),
     (["strategy=fedcurv"], "with strategy=fedcurv: its clients also send Fisher"),
     (["strategy=dcfl"], "with strategy=dcfl: its clients also send condensed images"),
+    (["strategy=feddyn"], "with strategy=feddyn: FedDyn's server correction h adds up every "
+                          "client's individual update"),
     (["num_clients=1"], "with 1 client(s) per round (num_clients=1, fraction=1): SecAgg+ "
                         "needs at least 2"),
     (["num_clients=6", "fraction=0.5", "secagg.num_shares=5",

@@ -21,8 +21,10 @@ against the round's median, max_examples_ratio's weight cap) cannot run. What ca
 run on the metrics each client sends in the clear (its example count against the data survey,
 its step count against what the experiment makes of it, the aggregation's own reject) and on
 the masked vector's shapes; a reply that fails is left out of the sum as if its node had
-dropped out (the protocol then removes its masks). The aggregate is checked as before
-(``refuse_aggregate``: finite, update norm within max_update_ratio).
+dropped out (the protocol then removes its masks). The strategy's own ``aggregate_train`` then
+runs on the secure aggregate: its check (``refuse_aggregate``: finite, update norm within
+max_update_ratio) and what a method does with the new model (FedAvgM's momentum, FedGKD's
+teacher buffer).
 """
 
 from __future__ import annotations
@@ -46,8 +48,8 @@ from driftfl.common.errors import ConfigError
 from driftfl.common.privacy import SecAggSettings
 from driftfl.common.protocol import LOCAL_STEPS, METRICS, NUM_EXAMPLES
 from driftfl.strategies import DriftStrategy
-from driftfl.strategies.aggregation import (ClientUpdate, example_weights, mean_metrics,
-                                            read_metrics, to_numpy, to_record)
+from driftfl.strategies.aggregation import (Aggregation, ClientUpdate, example_weights,
+                                            mean_metrics, read_metrics)
 from driftfl.strategies.base import RoundReport
 
 
@@ -186,10 +188,23 @@ def secure_train_round(strategy: DriftStrategy, grid: Grid, settings: SecAggSett
                    global_arrays, keys)
 
 
+class _SecureMean(Aggregation):
+    """The aggregation part while the strategy aggregates a secure round: the model is the
+    one SecAgg+ made (global + mean update), whatever the replies (which hold no arrays)."""
+
+    def __init__(self, aggregate: dict[str, np.ndarray]):
+        self.model = aggregate
+
+    def aggregate(self, updates, global_arrays):
+        return dict(self.model)
+
+
 def _finish(strategy: DriftStrategy, server_round: int, wire: _ScreeningGrid,
             mean_update: list[np.ndarray] | None, global_arrays: dict[str, np.ndarray],
             keys: list[str]) -> ArrayRecord | None:
-    """The round's report and the strategy's check of the aggregate."""
+    """The round's report, then the strategy's own ``aggregate_train`` on the secure aggregate
+    (its aggregate check, and what a method does after aggregating: FedAvgM's momentum, a
+    teacher's update), with the screened replies, arrays-free, as what ``accept`` accepted."""
     report = RoundReport()
     answered = {m.metadata.src_node_id for m in wire.collected} | set(wire.rejected)
     silent = [n for n in strategy.trained if n not in answered]
@@ -203,19 +218,23 @@ def _finish(strategy: DriftStrategy, server_round: int, wire: _ScreeningGrid,
                for m in strategy.in_node_order(wire.collected)]
     strategy.report, strategy.last_updates = report, updates
     report.clients = len(updates)
-    if updates:
-        report.train_metrics = mean_metrics(updates, example_weights(updates))
     if mean_update is None:
-        refused = ("secure aggregation halted: too few clients stayed for the protocol's "
-                   "reconstruction threshold")
-    else:
-        aggregate = dict(global_arrays)  # integer arrays (counters) stay the global model's
-        for key, delta in zip(keys, mean_update, strict=True):
-            aggregate[key] = (global_arrays[key] + delta).astype(global_arrays[key].dtype)
-        refused = strategy.refuse_aggregate(aggregate)
-    if refused:
-        log(WARNING, "round %d: %s; the global model stays as it was", server_round, refused)
-        report.refused_aggregate = refused
+        if updates:
+            report.train_metrics = mean_metrics(updates, example_weights(updates))
+        report.refused_aggregate = ("secure aggregation halted: too few clients stayed for "
+                                    "the protocol's reconstruction threshold")
+        log(WARNING, "round %d: %s; the global model stays as it was", server_round,
+            report.refused_aggregate)
         return None
-    strategy.last_aggregate = aggregate
-    return to_record(aggregate)
+    aggregate = dict(global_arrays)  # integer arrays (counters) stay the global model's
+    for key, delta in zip(keys, mean_update, strict=True):
+        aggregate[key] = (global_arrays[key] + delta).astype(global_arrays[key].dtype)
+    aggregation = strategy.aggregation
+    strategy.accept = lambda replies: updates  # shadows the method for this one call
+    strategy.aggregation = _SecureMean(aggregate)
+    try:
+        arrays, _ = strategy.aggregate_train(server_round, [])
+    finally:
+        del strategy.accept
+        strategy.aggregation = aggregation
+    return arrays
