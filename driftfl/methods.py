@@ -54,7 +54,8 @@ METHODS: dict[str, Method] = {
     "fedssd": Method(FedSSD, "ssd"),
     "fedcad": Method(FedCAD, "cad"),
     "feddisco": Method(FedAvg, "ce"),  # its yaml chooses aggregation=feddisco
-    "dcfl": Method(DCFL, "ce", payload="condensed images and its classifier"),  # its yaml chooses selection=cka
+    # its yaml chooses selection=cka
+    "dcfl": Method(DCFL, "ce", payload="condensed images and its classifier"),
     "scaffold": Method(Scaffold, "scaffold", objective_fixed=True,
                        payload="control-variate deltas"),
     "feddyn": Method(FedDyn, "dyn", objective_fixed=True),

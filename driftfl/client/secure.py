@@ -17,7 +17,7 @@ that fit it to driftfl's train handler.
 from __future__ import annotations
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, Context, Message, MetricRecord
 from flwr.client.mod import secaggplus_mod
 from flwr.clientapp.typing import ClientAppCallable, Mod
 from flwr.common import FitRes, Status, Code, ndarrays_to_parameters

@@ -36,6 +36,7 @@ from types import SimpleNamespace
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
 from flwr.common import FitIns, Parameters, bytes_to_ndarray, parameters_to_ndarrays
+from flwr.common.constant import SUPERLINK_NODE_ID
 from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, Key, Stage
 from flwr.server.workflow import SecAggPlusWorkflow
 from flwr.server.workflow.constant import MAIN_CONFIGS_RECORD, MAIN_PARAMS_RECORD
@@ -106,6 +107,8 @@ class _ScreeningGrid:
             return replies
         kept = []
         for reply in replies:
+            if reply.has_error() and reply.metadata.src_node_id == SUPERLINK_NODE_ID:
+                continue  # the SuperLink's notice that a node is lost: counted as lost
             reason = reply.error.reason if reply.has_error() else self.check(reply)
             if reason is None:
                 kept.append(reply)
