@@ -11,6 +11,7 @@ See docs/adding-a-method.md.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
@@ -139,7 +140,14 @@ def check_experiment(cfg: ExperimentConfig | dict[str, Any]) -> ExperimentConfig
                           f"{checked.num_clients}; set min_clients at most num_clients")
     AGGREGATIONS[checked.aggregation.name].check(checked)
     check_privacy(checked)
+    check_secagg(checked)
     return checked
+
+
+def protected_methods() -> list[str]:
+    """The methods whose clients send the server only their model, averaged by the mean."""
+    return sorted(name for name, method in METHODS.items()
+                  if not method.strategy.unprotected and name not in NOT_MEAN)
 
 
 def check_privacy(cfg: ExperimentConfig) -> None:
@@ -151,11 +159,9 @@ def check_privacy(cfg: ExperimentConfig) -> None:
     head = f"privacy={cfg.privacy.name} with"
     strategy = METHODS[cfg.strategy.name].strategy
     if strategy.unprotected:
-        covered = sorted(name for name, method in METHODS.items()
-                         if not method.strategy.unprotected and name not in NOT_MEAN)
         raise ConfigError(f"{head} strategy={cfg.strategy.name}: {strategy.unprotected} would "
                           f"reach the server without clipping or noise; DP covers the model "
-                          f"update only, as in {', '.join(covered)}")
+                          f"update only, as in {', '.join(protected_methods())}")
     if cfg.aggregation.name != "mean":
         raise ConfigError(f"{head} aggregation={cfg.aggregation.name}: DP-FedAvg's noise is "
                           f"calibrated to the plain mean of the clipped updates; use "
@@ -164,6 +170,44 @@ def check_privacy(cfg: ExperimentConfig) -> None:
         raise ConfigError(f"{head} fraction_evaluate={cfg.fraction_evaluate:g}: each client's "
                           "accuracy on its own data would reach the server without noise; set "
                           "fraction_evaluate=0")
+
+# what each aggregation other than the plain mean needs that secure aggregation hides
+SECAGG_LOSES = {
+    "krum": "Krum scores every client's individual update",
+    "median": "the coordinate-wise median needs every client's individual update",
+    "trimmed_mean": "the trimmed mean sorts every client's individual update",
+    "fednova": "FedNova normalises each client's update by its own step count",
+    "feddisco": "FedDisco reweighs each client's individual update by its label discrepancy",
+}
+
+
+def check_secagg(cfg: ExperimentConfig) -> None:
+    """ConfigError for what SecAgg+ cannot serve: an aggregation that needs each update, a
+    method whose clients send more than the model, too few clients per round, central DP."""
+    if not cfg.secagg.enabled:
+        return
+    head = f"secagg={cfg.secagg.name}"
+    aggregation = cfg.aggregation.name
+    if aggregation != "mean":
+        loses = SECAGG_LOSES.get(aggregation, f"aggregation={aggregation} needs each update")
+        raise ConfigError(f"{head} with aggregation={aggregation}: {loses}, which secure "
+                          "aggregation hides; use aggregation=mean")
+    strategy = METHODS[cfg.strategy.name].strategy
+    if strategy.unprotected:
+        raise ConfigError(f"{head} with strategy={cfg.strategy.name}: {strategy.unprotected} "
+                          f"would reach the server unprotected; secure aggregation covers the "
+                          f"model update only, as in {', '.join(protected_methods())}")
+    if cfg.privacy.name == "central":
+        raise ConfigError(f"{head} with privacy=central: the server clips each client's "
+                          "update, which secure aggregation hides; use privacy=distributed")
+    per_round = min(cfg.num_clients, max(1, math.floor(cfg.num_clients * cfg.fraction + 1e-9)))
+    neighbourhood, threshold = cfg.secagg.protocol_sizes(per_round)
+    if per_round < 2 or neighbourhood < threshold:
+        raise ConfigError(f"{head} with {per_round} client(s) per round (num_clients="
+                          f"{cfg.num_clients}, fraction={cfg.fraction:g}): SecAgg+ needs at "
+                          f"least {max(2, threshold)} (secagg.reconstruction_threshold="
+                          f"{cfg.secagg.reconstruction_threshold}); add clients or lower "
+                          "secagg.reconstruction_threshold")
 
 
 def build_strategy(cfg: ExperimentConfig, model, aux_set: AuxSet | None = None,

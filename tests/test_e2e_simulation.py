@@ -246,3 +246,26 @@ def test_a_private_run_reports_epsilon_and_stops_at_its_budget(tmp_path, fmnist_
     assert summary["epsilon"] == epsilons[2] and summary["delta"] == 1e-5
     header = (run_dir / "metrics.csv").read_text().splitlines()[0].split(",")
     assert "epsilon" in header and "train_loss" not in header  # the clients kept their loss
+
+
+def test_driftfl_run_with_secaggplus_trains_through_flowers_secure_aggregation(
+        tmp_path, fmnist_available):
+    """secagg=secaggplus in a real simulation: every round's training runs through SecAgg+'s
+    four stages; the server receives masked vectors, never a model (no array comes back)."""
+    run_dir = tmp_path / "run"
+    out = subprocess.run([driftfl_bin(), "run", "secagg=secaggplus", "model=mlp",
+                          "dataset.subset=2000", "dataset.test_subset=1000", "num_clients=3",
+                          "rounds=2", f"hydra.run.dir={run_dir}"],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "completed"
+    rows = read_rounds(run_dir)
+    assert [r["round"] for r in rows] == [0, 1, 2]
+    assert rows[-1]["test_accuracy"] > rows[0]["test_accuracy"] + 0.2
+    for row in rows[1:]:
+        assert row["clients"] == 3 and row["model_updated"] == 1 and row["rejected"] == 0
+        assert row.get("bytes_up_arrays", 0) == 0 and row["bytes_up_other"] > 0  # masked
+        assert row["num_examples"] == 2000  # the metrics, in the clear
+    config = yaml.safe_load((run_dir / "config.yaml").read_text())
+    assert config["secagg"]["name"] == "secaggplus"

@@ -22,9 +22,12 @@ from .objectives import build_objective
 from .objectives.csd import prototype_reply
 from .privacy import disclosed_metrics, privatise
 from .redaction import keep_paths_local
+from .secure import SECAGG_MODS
 from .train import LogitShift, TrainSettings, train_locally
 
-app = ClientApp(mods=[keep_paths_local])  # error replies carry no node paths
+# error replies carry no node paths; SecAgg+ messages go through Flower's secaggplus_mod (the
+# others pass those mods untouched)
+app = ClientApp(mods=[keep_paths_local, *SECAGG_MODS])
 
 
 def _seed(job: ClientJob, purpose: int) -> int:

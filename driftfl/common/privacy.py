@@ -63,33 +63,78 @@ class PrivacySettings(Settings):
 
 
 class SecAggSettings(Settings):
-    """Flower's SecAgg+ protocol (Bell et al., 2020), with its own settings' names and defaults
-    (flwr.server.workflow.SecAggPlusWorkflow)."""
+    """Flower's SecAgg+ protocol (Bell et al., 2020), with its own settings' names
+    (flwr.server.workflow.SecAggPlusWorkflow); what its ``_check_init_params`` refuses is
+    refused here, as one line, before anything runs. driftfl.server.secure runs it."""
 
     name: Literal["none", "secaggplus"] = "none"
-    # each client shares its secrets with this many others (or this share of the round's
-    # clients, if < 1 ... as Flower reads it: an int counts, a float in (0, 1] is a share)
-    num_shares: int | float = Field(1.0, gt=0)
-    # shares needed to rebuild a dropped client's mask; more clients than this may not drop
-    reconstruction_threshold: int | float = Field(1.0, gt=0)
-    clipping_range: float = Field(8.0, gt=0)  # each coordinate is clipped to +- this
-    quantization_range: int = Field(4_194_304, gt=1)  # ... and quantised to this many levels
-    modulus_range: int = Field(4_294_967_296, gt=1)  # the masks' modulus
-    # the largest weight a client may carry (its example count, before SecAgg+ scales it)
-    max_weight: float = Field(1000.0, gt=0)
+    # each client shares its secrets with num_shares - 1 neighbours: an odd int counts them, a
+    # float in (0, 1] is that share of the round's clients (as Flower reads it)
+    num_shares: int | float = 3
+    # shares needed to rebuild a client's masks: an int counts them (less than num_shares), a
+    # float in (0, 1] is that share of num_shares (at least 2); a client's neighbourhood may
+    # lose all but this many
+    reconstruction_threshold: int | float = 2
+    clipping_range: float = Field(8.0, gt=0)  # each coordinate of a weighted update, clipped
+    quantization_range: int = Field(4_194_304, gt=0)  # ... and quantised to this many levels
+    modulus_range: int = Field(4_294_967_296, gt=0, le=2**32)  # the masks' modulus: 2**n
+    # the largest weight (example count) a client may carry, checked after the data survey; a
+    # round scales weights by the largest count among its clients, at most this (Flower's
+    # default 1000 is below one Fashion-MNIST client's share)
+    max_weight: float = Field(100_000.0, gt=0)
 
     @model_validator(mode="after")
     def _coherent(self):
-        if self.name == "none":
+        if self.name == "none":  # (a saved experiment's JSON holds the defaults: those pass)
             stray = _changed(self)
             if stray:
-                raise ValueError(f"secagg.{stray[0]} means nothing without secure aggregation; choose "
-                                 "secagg=secaggplus")
+                raise ValueError(f"secagg.{stray[0]} means nothing without secure aggregation; "
+                                 "choose secagg=secaggplus")
+            return self
+        shares, threshold = self.num_shares, self.reconstruction_threshold
+        if isinstance(shares, int) and shares != 1 and (shares <= 2 or shares % 2 == 0):
+            raise ValueError(f"secagg.num_shares={shares} as a count must be odd and greater "
+                             "than 2 (a client and its neighbours on either side), or a share "
+                             "in (0, 1]")
+        if isinstance(shares, float) and not 0 < shares <= 1:
+            raise ValueError(f"secagg.num_shares={shares} as a share must be in (0, 1]")
+        if isinstance(threshold, int) and threshold != 1:
+            if threshold < 1:
+                raise ValueError(f"secagg.reconstruction_threshold={threshold} must be >= 1")
+            if isinstance(shares, int) and shares != 1 and threshold >= shares:
+                raise ValueError(f"secagg.reconstruction_threshold={threshold} must be less "
+                                 f"than secagg.num_shares={shares}")
+        if isinstance(threshold, float) and not 0 < threshold <= 1:
+            raise ValueError(f"secagg.reconstruction_threshold={threshold} as a share must be "
+                             "in (0, 1]")
+        if self.modulus_range <= self.quantization_range:
+            raise ValueError(f"secagg.modulus_range={self.modulus_range} must be greater than "
+                             f"secagg.quantization_range={self.quantization_range}")
+        if self.modulus_range & (self.modulus_range - 1):
+            raise ValueError(f"secagg.modulus_range={self.modulus_range} must be a power of 2")
         return self
 
     @property
     def enabled(self) -> bool:
         return self.name != "none"
+
+    def protocol_sizes(self, clients: int) -> tuple[int, int]:
+        """(the neighbourhood, the threshold) SecAggPlusWorkflow.setup_stage makes of these
+        settings for a round of ``clients``: each client's masks can be rebuilt while at least
+        ``threshold`` of its ``neighbourhood`` (itself included) stay."""
+        shares = self.num_shares
+        if isinstance(shares, float) or shares == 1:
+            shares = round(float(shares) * clients)
+            if shares < clients and shares % 2 == 0:
+                shares += 1
+            if shares <= 2:
+                shares = clients
+        threshold = self.reconstruction_threshold
+        if isinstance(threshold, float) or threshold == 1:
+            threshold = max(round(float(threshold) * shares), 2)
+        if clients != shares and shares % 2 == 0:
+            shares += 1
+        return min(2 * (shares // 2) + 1, clients), threshold
 
 
 def _changed(settings: Settings) -> list[str]:

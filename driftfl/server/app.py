@@ -37,6 +37,7 @@ from .roster import Roster
 from .run_config import experiment_overrides
 from .outcome import run_status
 from .rounds import run_rounds
+from .secure import check_weights
 from .simulated import AssigningGrid, assign_partitions, registration_order
 from .survey import survey_clients
 from .traffic import MeteredGrid
@@ -126,6 +127,9 @@ def run_experiment(grid: Grid, experiment: Experiment, run_dir: Path, run_id: in
                                  cfg.round_timeout, owners)
     moved = checkpoint.restore(strategy, saved, clients) if saved else {}
     strategy.meet(clients)
+    unweighted = cfg.privacy.enabled  # DP-FedAvg: every client weighs 1
+    if cfg.secagg.enabled:
+        check_weights(cfg.secagg, clients, unweighted)
 
     def clients_moved(now: list[dict], moved: dict[int, int]) -> None:
         strategy.rejoin(now, moved)
@@ -181,7 +185,8 @@ def run_experiment(grid: Grid, experiment: Experiment, run_dir: Path, run_id: in
                    num_rounds=cfg.rounds, timeout=cfg.round_timeout,
                    train_config=experiment_record,
                    evaluate_config=ConfigRecord(dict(experiment_record)),
-                   evaluate_fn=evaluator, after_round=after_round)
+                   evaluate_fn=evaluator, after_round=after_round, secagg=cfg.secagg,
+                   unweighted=unweighted)
     except ConfigError as err:  # the roster: fewer than min_clients connected
         stopped = str(err)
     load_arrays(model, latest["arrays"])

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable
 
-from flwr.app import Message, MessageType
+from flwr.app import ConfigRecord, Message, MessageType
 from flwr.serverapp import Grid
 
 from driftfl.common.columns import BYTES_DOWN, BYTES_UP, SURVEY, column
@@ -34,13 +34,26 @@ def payload_kind(message_type: str, record: str) -> str:
     return column(record) if record in KINDS else OTHER
 
 
+def count_bytes(record) -> int:
+    """Flower's count_bytes of a record; it fails on an empty list or text in a ConfigRecord
+    (SecAgg+'s unmask stage sends an empty list of dropped nodes), which count as their keys."""
+    try:
+        return record.count_bytes()
+    except (IndexError, ValueError):
+        if not isinstance(record, ConfigRecord):
+            raise
+        full = {k: v for k, v in record.items()
+                if not (isinstance(v, (list, str, bytes)) and len(v) == 0)}
+        return ConfigRecord(full).count_bytes() + sum(len(k) for k in record if k not in full)
+
+
 def record_bytes(msg: Message) -> Counter[str]:
     """Bytes of a message's records by payload kind (Flower's count_bytes); none for an error
     reply."""
     tally: Counter[str] = Counter()
     if msg.has_content():
         for name, record in msg.content.items():
-            tally[payload_kind(msg.metadata.message_type, name)] += record.count_bytes()
+            tally[payload_kind(msg.metadata.message_type, name)] += count_bytes(record)
     return tally
 
 

@@ -184,6 +184,8 @@ class Aggregation:
     # robust rules apply themselves to a method's extra payloads too (``combine``); a method
     # keeps its paper's own formula for those under a plain rule
     robust: ClassVar[bool] = False
+    # the model comes made by secure aggregation (driftfl.server.secure), not from the replies
+    secure: ClassVar[bool] = False
 
     @classmethod
     def from_config(cls, cfg: ExperimentConfig, model: nn.Module) -> Aggregation:

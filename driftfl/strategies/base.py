@@ -387,13 +387,14 @@ class DriftStrategy(FederatedEvaluation, ReplyGuard, FedAvg):
             log(WARNING, "round %d: no usable reply; the global model stays as it was",
                 server_round)
             return None, None
-        if self.private:  # DP-FedAvg: every client counts once, in the metrics too
-            metrics = mean_metrics(updates, np.full(len(updates), 1 / len(updates)))
+        # DP-FedAvg: every client counts once, in the metrics too
+        metrics = mean_metrics(updates, np.full(len(updates), 1 / len(updates))
+                               if self.private else example_weights(updates))
+        if self.private and not self.aggregation.secure:  # the replies' DP mean
             refused = None
             aggregate = self.private.combine(updates, self.global_arrays, len(self.trained),
                                              server_round)
         else:
-            metrics = mean_metrics(updates, example_weights(updates))
             refused = self.aggregation.refuse(updates)
             aggregate = {} if refused else self.aggregation.aggregate(updates, self.global_arrays)
         self.report.train_metrics = metrics

@@ -101,6 +101,8 @@ class PrivateMean:
 
     def reject(self, update: ClientUpdate, global_arrays: dict[str, np.ndarray],
                clients: int) -> str | None:
+        if not update.arrays:  # a masked reply (secure aggregation): its client clipped it
+            return None
         keys = _float_keys(global_arrays)
         delta = [update.arrays[k] - global_arrays[k] for k in keys]
         norm = float(np.sqrt(sum(float(np.sum(np.square(d, dtype=np.float64))) for d in delta)))

@@ -1,0 +1,77 @@
+"""The client's half of secure aggregation: Flower's own ``secaggplus_mod`` (key agreement,
+secret sharing, quantisation and masking, all Flower's cryptography), and the two small mods
+that fit it to driftfl's train handler.
+
+- ``only_secagg(secaggplus_mod)``: Flower's mod reads the SecAgg+ config record of every TRAIN
+  message unconditionally (a KeyError on a plain driftfl train message); wrapped, it runs only
+  on messages that carry that record, and every other message passes through untouched.
+- ``updates_for_secagg``: in the collect stage Flower's mod calls the ClientApp and reads the
+  reply as a legacy ``FitRes`` (``fitres.parameters``, ``fitres.num_examples``). This mod makes
+  driftfl's train reply into one: the model *update* (reply minus received model, the float
+  arrays in the received record's order: an update stays well inside ``clipping_range``, a
+  whole model might not), its weight (the example count; under differential privacy every
+  client the weight 1, since DP-FedAvg averages unweighted), and the
+  metrics record kept in the clear. The full model, and any other record, never leaves.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from flwr.app import ArrayRecord, Context, Message, MetricRecord
+from flwr.client.mod import secaggplus_mod
+from flwr.clientapp.typing import ClientAppCallable, Mod
+from flwr.common import FitRes, Status, Code, ndarrays_to_parameters
+from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, Key
+from flwr.compat.common import recorddict_compat as compat
+
+from driftfl.common.config import ExperimentConfig
+from driftfl.common.protocol import ARRAYS, CONFIG, EXPERIMENT, METRICS, NUM_EXAMPLES
+
+
+def is_secagg(msg: Message) -> bool:
+    return msg.has_content() and RECORD_KEY_CONFIGS in msg.content.config_records
+
+
+def only_secagg(mod: Mod) -> Mod:
+    """``mod`` for messages of the SecAgg+ protocol; any other message goes straight on."""
+    def guarded(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
+        return mod(msg, context, call_next) if is_secagg(msg) else call_next(msg, context)
+    return guarded
+
+
+def float_keys(record: ArrayRecord) -> list[str]:
+    """The arrays SecAgg+ carries, in the record's order (the server reads the same)."""
+    return [k for k in record if np.issubdtype(np.dtype(record[k].dtype), np.floating)]
+
+
+def client_weight(experiment: ExperimentConfig, num_examples: float) -> int:
+    """The weight a client's update enters the secure mean with: its example count, or under
+    differential privacy 1 for every client (DP-FedAvg's unweighted mean; the server then
+    runs the round with max_weight 1)."""
+    return 1 if experiment.privacy.enabled else int(num_examples)
+
+
+def updates_for_secagg(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
+    """In SecAgg+'s collect stage, driftfl's train reply as the FitRes Flower's mod masks."""
+    # Flower's mod calls on only in the collect stage, the one whose record carries the
+    # forwarded key shares (it has taken the stage's name out of the record by then)
+    if not (is_secagg(msg) and Key.CIPHERTEXT_LIST in msg.content.config_records[
+            RECORD_KEY_CONFIGS]):
+        return call_next(msg, context)
+    reply = call_next(msg, context)
+    if reply.has_error():
+        return reply
+    received = msg.content.array_records[ARRAYS]
+    trained = reply.content.array_records[ARRAYS]
+    update = [trained[k].numpy() - received[k].numpy() for k in float_keys(received)]
+    metrics = reply.content.metric_records[METRICS]
+    experiment = ExperimentConfig.from_json(str(msg.content.config_records[CONFIG][EXPERIMENT]))
+    fitres = FitRes(Status(Code.OK, "Success"), ndarrays_to_parameters(update),
+                    client_weight(experiment, metrics[NUM_EXAMPLES]), {})
+    content = compat.fitres_to_recorddict(fitres, keep_input=False)
+    content[METRICS] = MetricRecord(dict(metrics))  # in the clear: the server checks them
+    return Message(content, reply_to=msg)
+
+
+# outermost first: Flower's protocol, then the reply made into what it masks
+SECAGG_MODS: list[Mod] = [only_secagg(secaggplus_mod), updates_for_secagg]

@@ -1,0 +1,248 @@
+"""One train round through Flower's SecAgg+ protocol, for driftfl's Message-API strategies.
+
+Reused from Flower, unchanged: ``SecAggPlusWorkflow`` and its four stage methods (setup, share
+keys, collect masked vectors, unmask: the server's half of the protocol and its cryptography)
+and, on the clients, ``secaggplus_mod`` (driftfl.client.secure). Written here, because the
+workflow serves only Flower's legacy strategies and LegacyContext: a thin shim.
+
+- ``_LegacyStrategy``: what the stages call. Its ``configure_fit`` returns the nodes the
+  DriftStrategy sampled (its own ``configure_train``); its ``aggregate_fit`` keeps the one
+  thing the unmask stage hands it, the unmasked weighted mean of the clients' updates.
+- A minimal context (the round, an empty parameter record, the adapter, a node count).
+- After the setup stage, each node's train content is the strategy's own message content (the
+  global model, the experiment, its knowledge), not a legacy FitIns: the collect stage adds
+  the secret shares to it and the ClientApp trains on it as on any train message.
+- ``_ScreeningGrid``: the grid the stages talk through (the metered grid under it still counts
+  every byte). It checks each collect-stage reply before the workflow sums it.
+
+What moved, compared with ``DriftStrategy.accept``: the server never holds one client's update,
+so the per-reply checks on the model (keys, shapes, finite values, update norm, the peer screen
+against the round's median, max_examples_ratio's weight cap) cannot run. What can still run is
+run on the metrics each client sends in the clear (its example count against the data survey,
+its step count against what the experiment makes of it, the aggregation's own reject) and on
+the masked vector's shapes; a reply that fails is left out of the sum as if its node had
+dropped out (the protocol then removes its masks). The strategy's own ``aggregate_train`` then
+runs on the secure aggregate: its check (``refuse_aggregate``: finite, update norm within
+max_update_ratio) and what a method does with the new model (FedAvgM's momentum, FedGKD's
+teacher buffer).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from logging import WARNING
+from types import SimpleNamespace
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
+from flwr.common import FitIns, Parameters, bytes_to_ndarray, parameters_to_ndarrays
+from flwr.common.constant import SUPERLINK_NODE_ID
+from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, Key, Stage
+from flwr.server.workflow import SecAggPlusWorkflow
+from flwr.server.workflow.constant import MAIN_CONFIGS_RECORD, MAIN_PARAMS_RECORD
+from flwr.server.workflow.constant import Key as WorkflowKey
+from flwr.server.workflow.secure_aggregation.secaggplus_workflow import WorkflowState
+from flwr.serverapp import Grid
+from flwr.supercore import log
+
+from driftfl.common.errors import ConfigError
+from driftfl.common.privacy import SecAggSettings
+from driftfl.common.protocol import LOCAL_STEPS, METRICS, NUM_EXAMPLES
+from driftfl.strategies import DriftStrategy
+from driftfl.strategies.aggregation import (Aggregation, ClientUpdate, example_weights,
+                                            mean_metrics, read_metrics)
+from driftfl.strategies.base import RoundReport
+
+
+def float_keys(arrays: dict[str, np.ndarray]) -> list[str]:
+    """The arrays SecAgg+ carries, in the model record's order (the clients use the same)."""
+    return [k for k, v in arrays.items() if v.dtype.kind == "f"]
+
+
+def check_weights(settings: SecAggSettings, clients: list[dict], unweighted: bool) -> None:
+    """ConfigError, after the data survey, when a client's example count exceeds max_weight:
+    its weighted update would leave the quantisation range."""
+    over = [c for c in clients if c["num_examples"] > settings.max_weight]
+    if over and not unweighted:
+        most = max(c["num_examples"] for c in over)
+        raise ConfigError(f"secagg.max_weight={settings.max_weight:g} is below a client's "
+                          f"{most} examples (partition {over[0]['partition_id']}): SecAgg+ "
+                          f"would overflow; set secagg.max_weight={most} or more")
+
+
+class _LegacyStrategy:
+    """The two calls SecAggPlusWorkflow's stages make of a legacy Strategy."""
+
+    def __init__(self, nodes: list[int]):
+        self.nodes = nodes
+        self.mean_update: list[np.ndarray] | None = None
+
+    def configure_fit(self, server_round, parameters, client_manager):
+        empty = FitIns(Parameters(tensors=[], tensor_type="numpy.ndarray"), {})
+        return [(SimpleNamespace(node_id=node), empty) for node in self.nodes]
+
+    def aggregate_fit(self, server_round, results, failures):
+        if results:  # the unmask stage gave every result the same aggregate
+            self.mean_update = parameters_to_ndarrays(results[0][1].parameters)
+        return None, {}  # the DriftStrategy makes the model, not the workflow
+
+
+class _ScreeningGrid:
+    """The stages' grid: collect-stage replies that fail ``check`` never reach the sum."""
+
+    def __init__(self, grid: Grid, check):
+        self._grid, self.check = grid, check
+        self.collected: list[Message] = []  # the collect-stage replies summed (errors too)
+        self.rejected: dict[int, str] = {}  # node -> why its reply was left out
+
+    def __getattr__(self, name):
+        return getattr(self._grid, name)
+
+    def send_and_receive(self, messages: Iterable[Message], timeout: float | None = None
+                         ) -> list[Message]:
+        messages = list(messages)
+        replies = list(self._grid.send_and_receive(messages, timeout=timeout))
+        if not messages or messages[0].content.config_records[RECORD_KEY_CONFIGS].get(
+                Key.STAGE) != Stage.COLLECT_MASKED_VECTORS:
+            return replies
+        kept = []
+        for reply in replies:
+            if reply.has_error() and reply.metadata.src_node_id == SUPERLINK_NODE_ID:
+                continue  # the SuperLink's notice that a node is lost: counted as lost
+            reason = reply.error.reason if reply.has_error() else self.check(reply)
+            if reason is None:
+                kept.append(reply)
+            else:
+                self.rejected[reply.metadata.src_node_id] = (
+                    f"error reply: {reason}" if reply.has_error() else reason)
+        self.collected = kept
+        return kept
+
+
+def _reply_check(strategy: DriftStrategy, shapes: list[tuple[int, ...]]):
+    """What can be checked of a masked reply: its clear metrics and its vector's shapes."""
+    def check(msg: Message) -> str | None:
+        content = msg.content
+        if METRICS not in content.metric_records or RECORD_KEY_CONFIGS not in content:
+            return f"reply lacks the '{METRICS}' or the SecAgg+ record"
+        metrics = read_metrics(content.metric_records[METRICS])
+        if isinstance(metrics, str):
+            return metrics
+        n, steps = metrics.get(NUM_EXAMPLES), metrics.get(LOCAL_STEPS)
+        if not isinstance(n, float) or n <= 0:
+            return f"'{NUM_EXAMPLES}' is missing or not a positive number"
+        if not isinstance(steps, float) or steps < 1:
+            return f"'{LOCAL_STEPS}' is {steps}; a reply must report at least one local step"
+        try:
+            vector = [bytes_to_ndarray(b) for b in
+                      content.config_records[RECORD_KEY_CONFIGS][Key.MASKED_PARAMETERS]]
+        except Exception as err:  # missing or unreadable bytes
+            return f"its masked vector cannot be read: {err!r}"
+        if [v.shape for v in vector] != [(1,), *shapes]:
+            return "its masked vector's shapes differ from the global model's"
+        return strategy.reject(ClientUpdate(msg.metadata.src_node_id, {}, metrics, msg))
+    return check
+
+
+def round_max_weight(strategy: DriftStrategy, nodes: list[int], settings: SecAggSettings,
+                     unweighted: bool) -> float:
+    """The max_weight the round's clients scale their weights by: the largest example count
+    the data survey found among them (so the largest client's weight is 1: the finest
+    quantisation SecAgg+ allows), at most secagg.max_weight; 1 when every client weighs 1."""
+    if unweighted:
+        return 1.0
+    if strategy.surveyed is None or not nodes:
+        return settings.max_weight
+    return float(min(settings.max_weight, max(strategy.survey_count(n) for n in nodes)))
+
+
+def secure_train_round(strategy: DriftStrategy, grid: Grid, settings: SecAggSettings,
+                       server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                       timeout: float, unweighted: bool = False) -> ArrayRecord | None:
+    """Round ``server_round``'s training through SecAgg+: the next global model (the global
+    plus the securely averaged update, if ``refuse_aggregate`` lets it), or None.
+    ``unweighted``: the clients send weight 1 (differential privacy's unweighted mean)."""
+    messages = list(strategy.configure_train(server_round, arrays, config, grid))
+    contents = {m.metadata.dst_node_id: m.content for m in messages}
+    global_arrays = strategy.global_arrays
+    keys = float_keys(global_arrays)
+    adapter = _LegacyStrategy(list(contents))
+    context = SimpleNamespace(
+        state=RecordDict({MAIN_CONFIGS_RECORD: ConfigRecord({WorkflowKey.CURRENT_ROUND:
+                                                             server_round}),
+                          MAIN_PARAMS_RECORD: ArrayRecord()}),
+        strategy=adapter, client_manager=SimpleNamespace(num_available=lambda: len(contents)),
+        history=None)
+    wire = _ScreeningGrid(grid, _reply_check(strategy, [global_arrays[k].shape for k in keys]))
+    workflow = SecAggPlusWorkflow(settings.num_shares, settings.reconstruction_threshold,
+                                  max_weight=round_max_weight(strategy, list(contents),
+                                                              settings, unweighted),
+                                  clipping_range=settings.clipping_range,
+                                  quantization_range=settings.quantization_range,
+                                  modulus_range=settings.modulus_range, timeout=timeout)
+    state = WorkflowState()
+    completed = len(contents) >= 2 and workflow.setup_stage(wire, context, state)
+    if completed:  # the strategy's own train content, one RecordDict per node
+        state.nid_to_fitins = {n: RecordDict(dict(contents[n])) for n in state.nid_to_fitins}
+        completed = all(stage(wire, context, state) for stage in (
+            workflow.share_keys_stage, workflow.collect_masked_vectors_stage,
+            workflow.unmask_stage))
+    return _finish(strategy, server_round, wire, adapter.mean_update if completed else None,
+                   global_arrays, keys)
+
+
+class _SecureMean(Aggregation):
+    """The aggregation part while the strategy aggregates a secure round: the model is the
+    one SecAgg+ made (global + mean update), whatever the replies (which hold no arrays)."""
+
+    secure = True
+
+    def __init__(self, aggregate: dict[str, np.ndarray]):
+        self.model = aggregate
+
+    def aggregate(self, updates, global_arrays):
+        return dict(self.model)
+
+
+def _finish(strategy: DriftStrategy, server_round: int, wire: _ScreeningGrid,
+            mean_update: list[np.ndarray] | None, global_arrays: dict[str, np.ndarray],
+            keys: list[str]) -> ArrayRecord | None:
+    """The round's report, then the strategy's own ``aggregate_train`` on the secure aggregate
+    (its aggregate check, and what a method does after aggregating: FedAvgM's momentum, a
+    teacher's update), with the screened replies, arrays-free, as what ``accept`` accepted."""
+    report = RoundReport()
+    answered = {m.metadata.src_node_id for m in wire.collected} | set(wire.rejected)
+    silent = [n for n in strategy.trained if n not in answered]
+    gone = strategy.disconnected([], silent)
+    report.lost_nodes = [n for n in silent if n in gone]
+    report.lost = [strategy.client_name(n) for n in report.lost_nodes]
+    report.late = [strategy.client_name(n) for n in silent if n not in gone]
+    for node, reason in sorted(wire.rejected.items(), key=lambda item: strategy.rank(item[0])):
+        strategy.record_rejection(report, node, reason)
+    updates = [ClientUpdate(m.metadata.src_node_id, {}, read_metrics(m.content[METRICS]), m)
+               for m in strategy.in_node_order(wire.collected)]
+    strategy.report, strategy.last_updates = report, updates
+    report.clients = len(updates)
+    if mean_update is None:
+        if updates:
+            report.train_metrics = mean_metrics(updates, example_weights(updates))
+        report.refused_aggregate = ("secure aggregation halted: too few clients stayed for "
+                                    "the protocol's reconstruction threshold")
+        log(WARNING, "round %d: %s; the global model stays as it was", server_round,
+            report.refused_aggregate)
+        return None
+    if strategy.private:  # DP-FedAvg's mean: over the m clients sent a train message, a
+        # client that dropped counting as a zero update (SecAgg+ averages over the survivors)
+        mean_update = [d * len(updates) / len(strategy.trained) for d in mean_update]
+    aggregate = dict(global_arrays)  # integer arrays (counters) stay the global model's
+    for key, delta in zip(keys, mean_update, strict=True):
+        aggregate[key] = (global_arrays[key] + delta).astype(global_arrays[key].dtype)
+    aggregation = strategy.aggregation
+    strategy.accept = lambda replies: updates  # shadows the method for this one call
+    strategy.aggregation = _SecureMean(aggregate)
+    try:
+        arrays, _ = strategy.aggregate_train(server_round, [])
+    finally:
+        del strategy.accept
+        strategy.aggregation = aggregation
+    return arrays
