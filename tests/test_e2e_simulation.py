@@ -250,14 +250,19 @@ def test_a_private_run_reports_epsilon_and_stops_at_its_budget(tmp_path, fmnist_
 
 def test_driftfl_run_with_secaggplus_trains_through_flowers_secure_aggregation(
         tmp_path, fmnist_available):
-    """secagg=secaggplus in a real simulation: every round's training runs through SecAgg+'s
-    four stages; the server receives masked vectors, never a model (no array comes back)."""
+    """secagg=secaggplus with privacy=distributed in a real simulation: every round's training
+    runs through SecAgg+'s four stages; the clients clip and noise their updates, and the server
+    receives masked vectors, never a model (no array comes back). (secagg alone runs through
+    real SuperNodes in test_e2e_deployment.py.)"""
     run_dir = tmp_path / "run"
-    out = subprocess.run([driftfl_bin(), "run", "secagg=secaggplus", "model=mlp",
+    out = subprocess.run([driftfl_bin(), "run", "secagg=secaggplus", "privacy=distributed",
+                          "privacy.noise_multiplier=0.01", "model=mlp",
                           "dataset.subset=2000", "dataset.test_subset=1000", "num_clients=3",
                           "rounds=2", f"hydra.run.dir={run_dir}"],
                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "privacy: DP-FedAvg (distributed)" in out.stdout
+    assert "without secure aggregation" not in out.stdout
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "completed"
     rows = read_rounds(run_dir)
@@ -267,5 +272,6 @@ def test_driftfl_run_with_secaggplus_trains_through_flowers_secure_aggregation(
         assert row["clients"] == 3 and row["model_updated"] == 1 and row["rejected"] == 0
         assert row.get("bytes_up_arrays", 0) == 0 and row["bytes_up_other"] > 0  # masked
         assert row["num_examples"] == 2000  # the metrics, in the clear
+    assert 0 < rows[1]["epsilon"] < rows[2]["epsilon"]
     config = yaml.safe_load((run_dir / "config.yaml").read_text())
     assert config["secagg"]["name"] == "secaggplus"
