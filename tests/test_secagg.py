@@ -18,7 +18,8 @@ from driftfl.common.protocol import (ARRAYS, DATASET_META, EXPERIMENT, NUM_EXAMP
 from driftfl.methods import build_strategy, check_experiment
 from driftfl.server.app import survey_clients
 from driftfl.server.experiment import prepare_experiment
-from driftfl.server.secure import check_weights, float_keys, secure_train_round
+from driftfl.common.privacy import float_keys
+from driftfl.server.secure import check_weights, secure_train_round
 from driftfl.server.traffic import MeteredGrid
 from driftfl.strategies.aggregation import to_numpy
 from test_methods import InProcessGrid, fmnist_nodes

@@ -144,6 +144,12 @@ def _changed(settings: Settings) -> list[str]:
             if key != "name" and getattr(settings, key) != field.default]
 
 
+def float_keys(arrays: dict[str, np.ndarray]) -> list[str]:
+    """The arrays DP and SecAgg+ cover, in the model's order: the float ones (a counter such as
+    BatchNorm's is not an update)."""
+    return [k for k, v in arrays.items() if v.dtype.kind == "f"]
+
+
 def clip_update(update: list[np.ndarray], clip: float, *,
                 in_place: bool = False) -> tuple[list[np.ndarray], float]:
     """``update`` scaled to L2 norm at most ``clip`` (over all its arrays together), and its

@@ -46,17 +46,12 @@ from flwr.serverapp import Grid
 from flwr.supercore import log
 
 from driftfl.common.errors import ConfigError
-from driftfl.common.privacy import SecAggSettings
+from driftfl.common.privacy import SecAggSettings, float_keys
 from driftfl.common.protocol import LOCAL_STEPS, METRICS, NUM_EXAMPLES
 from driftfl.strategies import DriftStrategy
 from driftfl.strategies.aggregation import (Aggregation, ClientUpdate, example_weights,
                                             mean_metrics, read_metrics)
 from driftfl.strategies.base import RoundReport
-
-
-def float_keys(arrays: dict[str, np.ndarray]) -> list[str]:
-    """The arrays SecAgg+ carries, in the model record's order (the clients use the same)."""
-    return [k for k, v in arrays.items() if v.dtype.kind == "f"]
 
 
 def check_weights(settings: SecAggSettings, clients: list[dict], unweighted: bool) -> None:

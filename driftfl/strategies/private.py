@@ -19,7 +19,7 @@ import secrets
 import numpy as np
 
 from driftfl.common.accounting import subsampled_gaussian_epsilon
-from driftfl.common.privacy import PrivacySettings, add_noise, clip_update
+from driftfl.common.privacy import PrivacySettings, add_noise, clip_update, float_keys
 
 from .aggregation import ClientUpdate
 
@@ -103,7 +103,7 @@ class PrivateMean:
                clients: int) -> str | None:
         if not update.arrays:  # a masked reply (secure aggregation): its client clipped it
             return None
-        keys = _float_keys(global_arrays)
+        keys = float_keys(global_arrays)
         delta = [update.arrays[k] - global_arrays[k] for k in keys]
         norm = float(np.sqrt(sum(float(np.sum(np.square(d, dtype=np.float64))) for d in delta)))
         bound = self.reply_bound(sum(d.size for d in delta), clients)
@@ -116,7 +116,7 @@ class PrivateMean:
                 clients: int, server_round: int) -> dict[str, np.ndarray]:
         """global + (sum of the clipped updates) / ``clients`` + noise (central); the clients
         not heard from count as a zero update, so one client moves the mean by at most C / m."""
-        keys = _float_keys(global_arrays)
+        keys = float_keys(global_arrays)
         total = [np.zeros(global_arrays[k].shape, np.float64) for k in keys]
         for update in updates:
             delta = [update.arrays[k] - global_arrays[k] for k in keys]
@@ -133,7 +133,3 @@ class PrivateMean:
             out[key] = (global_arrays[key] + value).astype(global_arrays[key].dtype)
         return out
 
-
-def _float_keys(arrays: dict[str, np.ndarray]) -> list[str]:
-    """The arrays DP covers: the float ones (a counter such as BatchNorm's is not an update)."""
-    return [k for k, v in arrays.items() if v.dtype.kind == "f"]
