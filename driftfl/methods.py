@@ -141,11 +141,25 @@ def check_experiment(cfg: ExperimentConfig | dict[str, Any]) -> ExperimentConfig
     AGGREGATIONS[checked.aggregation.name].check(checked)
     check_privacy(checked)
     check_secagg(checked)
-    return checked
+    return with_payload_clip(checked)
+
+
+def with_payload_clip(cfg: ExperimentConfig) -> ExperimentConfig:
+    """The experiment with privacy.payload_clip filled in from the method's default, where
+    privacy is on and the user left it unset (servers and clients then read one value)."""
+    strategy = METHODS[cfg.strategy.name].strategy
+    if not cfg.privacy.enabled or not strategy.payload_record:
+        return cfg
+    if cfg.privacy.payload_clip is not None:
+        return cfg
+    clip = strategy.payload_clip
+    return cfg.model_copy(update={"privacy": cfg.privacy.model_copy(
+        update={"payload_clip": clip})})
 
 
 def protected_methods() -> list[str]:
-    """The methods whose clients send the server only their model, averaged by the mean."""
+    """The methods whose clients send the server only their model and payloads it takes as
+    sums, averaged by the mean."""
     return sorted(name for name, method in METHODS.items()
                   if not method.strategy.unprotected and name not in NOT_MEAN)
 
@@ -160,8 +174,15 @@ def check_privacy(cfg: ExperimentConfig) -> None:
     strategy = METHODS[cfg.strategy.name].strategy
     if strategy.unprotected:
         raise ConfigError(f"{head} strategy={cfg.strategy.name}: {strategy.unprotected} would "
-                          f"reach the server without clipping or noise; DP covers the model "
-                          f"update only, as in {', '.join(protected_methods())}")
+                          f"reach the server without clipping or noise; DP covers what the "
+                          f"clients send in {', '.join(protected_methods())}")
+    problem = strategy.protection_problem(cfg.strategy)
+    if problem:
+        raise ConfigError(f"{head} strategy={cfg.strategy.name}: {problem}")
+    if cfg.privacy.payload_clip is not None and not strategy.payload_record:
+        raise ConfigError(f"privacy.payload_clip means nothing with strategy="
+                          f"{cfg.strategy.name}, whose clients send only their model; "
+                          "leave it unset")
     if cfg.aggregation.name != "mean":
         raise ConfigError(f"{head} aggregation={cfg.aggregation.name}: DP-FedAvg's noise is "
                           f"calibrated to the plain mean of the clipped updates; use "
@@ -195,8 +216,11 @@ def check_secagg(cfg: ExperimentConfig) -> None:
     strategy = METHODS[cfg.strategy.name].strategy
     if strategy.unprotected:
         raise ConfigError(f"{head} with strategy={cfg.strategy.name}: {strategy.unprotected} "
-                          f"would reach the server unprotected; secure aggregation covers the "
-                          f"model update only, as in {', '.join(protected_methods())}")
+                          f"would reach the server unprotected; secure aggregation covers what "
+                          f"the clients send in {', '.join(protected_methods())}")
+    problem = strategy.protection_problem(cfg.strategy)
+    if problem:
+        raise ConfigError(f"{head} with strategy={cfg.strategy.name}: {problem}")
     if cfg.privacy.name == "central":
         raise ConfigError(f"{head} with privacy=central: the server clips each client's "
                           "update, which secure aggregation hides; use privacy=distributed")

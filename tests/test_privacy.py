@@ -170,9 +170,15 @@ def test_the_strategy_takes_the_dp_mean_and_the_round_count_of_the_sample(fmnist
     (["privacy=central", "privacy.noise_multiplier=0", "privacy.target_epsilon=4"],
      "privacy.target_epsilon needs noise"),
     (["privacy=central", "privacy.clip=0"], r"privacy.clip must be > 0"),
-    (["privacy=central", "strategy=fedcsd"], "its clients' per-class logit prototypes would "
-     "reach the server without clipping or noise"),
-    (["privacy=distributed", "strategy=scaffold"], "control-variate updates"),
+    (["privacy=central", "strategy=fedcsd"], "strategy.prototypes=exchange runs a prototype "
+     "phase before training, a second exchange each round that neither covers; set "
+     "strategy.prototypes=previous"),
+    (["privacy=central", "strategy=fedproto"], "strategy.prototype_mean=weighted weighs each "
+     "client's prototypes by its own class counts"),
+    (["privacy=distributed", "strategy=fedcurv"], "its clients' Fisher terms, which it keeps "
+     "per node and resends to all in every round would reach the server without clipping"),
+    (["privacy=central", "privacy.payload_clip=3"], "privacy.payload_clip means nothing with "
+     "strategy=fedavg"),
     (["privacy=central", "strategy=dcfl"], "condensed images"),
     (["privacy=central", "aggregation=krum"], "use aggregation=mean"),
     (["privacy=central", "strategy=fednova"], "aggregation=fednova"),

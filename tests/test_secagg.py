@@ -262,12 +262,12 @@ def test_plain_messages_pass_the_secagg_mods_untouched(server_task):
     (["aggregation=trimmed_mean"], "with aggregation=trimmed_mean: the trimmed mean"),
     (["strategy=fednova"], "with aggregation=fednova: FedNova normalises each client's"),
     (["strategy=feddisco"], "with aggregation=feddisco: FedDisco reweighs"),
-    (["strategy=fedcsd"], "with strategy=fedcsd: its clients' per-class logit prototypes "
-     "would reach the server unprotected"),
-    (["strategy=fedproto"], "with strategy=fedproto: its clients' per-class feature "
-     "prototypes"),
-    (["strategy=scaffold"], "with strategy=scaffold: its clients' control-variate updates"),
-    (["strategy=fedcurv"], "with strategy=fedcurv: its clients' Fisher information"),
+    (["strategy=fedcsd"], "with strategy=fedcsd: strategy.prototypes=exchange runs a "
+     "prototype phase before training"),
+    (["strategy=fedproto"], "with strategy=fedproto: strategy.prototype_mean=weighted weighs "
+     "each client's prototypes by its own class counts"),
+    (["strategy=fedcurv"], "with strategy=fedcurv: its clients' Fisher terms, which it keeps "
+     "per node"),
     (["strategy=dcfl"], "with strategy=dcfl: its clients' condensed images"),
     (["strategy=feddyn"], "with strategy=feddyn: its h, a running sum of every client's own "
      "unclipped model would reach the server unprotected"),

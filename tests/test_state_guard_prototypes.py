@@ -264,7 +264,7 @@ def test_fedproto_with_an_attacker_ends_within_a_few_points_of_the_honest_run(
     attacked = fedproto_run("ghost")
     negated = fedproto_run("negated")
     # the probe's attack with the survey and peer rules off (as before issue 27)
-    monkeypatch.setattr(fedproto, "survey_problem", lambda *_: None)
+    monkeypatch.setattr(fedproto, "survey_problem", lambda *_, **__: None)
     monkeypatch.setattr(fedproto, "outliers", lambda *_: {})
     unguarded = fedproto_run("ghost", guarded=False)
     print(f"FedProto test accuracy: honest {honest:.1%}, the probe's attacker {attacked:.1%} "

@@ -20,7 +20,7 @@ from .dcfl import DCFLClient, is_dcfl, received_images, to_record
 from .job import ClientJob
 from .objectives import build_objective
 from .objectives.csd import prototype_reply
-from .privacy import disclosed_metrics, privatise
+from .privacy import disclosed_metrics, privatise, privatise_payload
 from .redaction import keep_paths_local
 from .secure import SECAGG_MODS
 from .train import LogitShift, TrainSettings, train_locally
@@ -62,10 +62,10 @@ def train(msg: Message, context: Context) -> Message:
     metrics = MetricRecord(disclosed_metrics({
         NUM_EXAMPLES: stats.num_examples, LOCAL_STEPS: stats.steps, TRAIN_LOSS: stats.mean_loss,
         "logit-shift": shift.measure(model), **objective.diagnostics(), **extra}, exp.privacy))
-    arrays = privatise(model_to_arrays(model), msg.content[ARRAYS], exp.privacy,
-                       int(msg.content[CONFIG].get(DP_CLIENTS, 1)))
-    return Message(RecordDict({ARRAYS: arrays, METRICS: metrics,
-                               **objective.reply_records(), **records}), reply_to=msg)
+    clients = int(msg.content[CONFIG].get(DP_CLIENTS, 1))
+    arrays = privatise(model_to_arrays(model), msg.content[ARRAYS], exp.privacy, clients)
+    records.update(privatise_payload(objective.reply_records(), exp.privacy, clients))
+    return Message(RecordDict({ARRAYS: arrays, METRICS: metrics, **records}), reply_to=msg)
 
 
 @app.evaluate()

@@ -5,6 +5,9 @@
   (the server's ``dp-clients``). The noise comes from the operating system's entropy, never
   from the experiment's seed: the server knows the seed, and noise it could regenerate would
   protect nothing.
+- a method's payload that the server takes as a sum (``SUMMED``: SCAFFOLD's control delta,
+  FedProto's and FedCSD's class prototypes) gets the same under ``distributed``: clipped to
+  ``privacy.payload_clip`` C_p, plus N(0, (sigma C_p)^2 / m).
 - under any privacy setting the reply's metrics are cut to what the server's checks need and
   the data survey disclosed already (examples, local steps): a training loss or a logit shift
   per client is a release about the client's data that no noise covers.
@@ -16,7 +19,7 @@ import numpy as np
 from flwr.app import Array, ArrayRecord
 
 from driftfl.common.privacy import PrivacySettings, add_noise, clip_update
-from driftfl.common.protocol import LOCAL_STEPS, NUM_EXAMPLES
+from driftfl.common.protocol import LOCAL_STEPS, NUM_EXAMPLES, SUMMED, summed_keys
 
 
 def privatise(trained: ArrayRecord, received: ArrayRecord, settings: PrivacySettings,
@@ -34,6 +37,24 @@ def privatise(trained: ArrayRecord, received: ArrayRecord, settings: PrivacySett
     for key, value in zip(keys, noised):
         end[key] = (start[key] + value).astype(start[key].dtype)
     return ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in end.items()})
+
+
+def privatise_payload(records: dict[str, ArrayRecord], settings: PrivacySettings, clients: int,
+                      rng: np.random.Generator | None = None) -> dict[str, ArrayRecord]:
+    """The reply's records, its summed payload clipped and noised (``privacy=distributed``)."""
+    if settings.name != "distributed":
+        return records
+    rng = rng if rng is not None else np.random.default_rng()  # OS entropy
+    out = dict(records)
+    for name in SUMMED.keys() & records.keys():
+        arrays = {k: records[name][k].numpy() for k in records[name]}
+        keys = summed_keys(name, arrays)
+        clipped, _ = clip_update([arrays[k].astype(np.float64) for k in keys],
+                                 settings.payload_clip, in_place=True)
+        noised = add_noise(clipped, settings.share_noise_std(clients, settings.payload_clip), rng)
+        arrays.update({k: v.astype(arrays[k].dtype) for k, v in zip(keys, noised)})
+        out[name] = ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in arrays.items()})
+    return out
 
 
 def disclosed_metrics(metrics: dict, settings: PrivacySettings) -> dict:

@@ -11,7 +11,11 @@ that fit it to driftfl's train handler.
   arrays in the received record's order: an update stays well inside ``clipping_range``, a
   whole model might not), its weight (the example count; under differential privacy every
   client the weight 1, since DP-FedAvg averages unweighted), and the
-  metrics record kept in the clear. The full model, and any other record, never leaves.
+  metrics record kept in the clear. A method's payload that the server takes as a sum
+  (``SUMMED``: SCAFFOLD's control delta, the class prototypes) rides in the same masked
+  vector, after the update, times the round's ``payload-scale`` over the client's weight:
+  SecAgg+'s weighted sum then holds each payload term over the round's m clients. The full
+  model, and any other record, never leaves.
 """
 
 from __future__ import annotations
@@ -25,7 +29,8 @@ from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFI
 from flwr.compat.common import recorddict_compat as compat
 
 from driftfl.common.config import ExperimentConfig
-from driftfl.common.protocol import ARRAYS, CONFIG, EXPERIMENT, METRICS, NUM_EXAMPLES
+from driftfl.common.protocol import (ARRAYS, CONFIG, EXPERIMENT, METRICS, NUM_EXAMPLES,
+                                     PAYLOAD_SCALE, SUMMED, summed_keys)
 
 
 def is_secagg(msg: Message) -> bool:
@@ -51,6 +56,16 @@ def client_weight(experiment: ExperimentConfig, num_examples: float) -> int:
     return 1 if experiment.privacy.enabled else int(num_examples)
 
 
+def payload_terms(reply: Message, scale: float) -> list[np.ndarray]:
+    """The reply's summed payload (``SUMMED``), each array times ``scale``, in record order."""
+    terms = []
+    for name in sorted(SUMMED.keys() & reply.content.array_records.keys()):
+        record = reply.content.array_records[name]
+        terms += [record[k].numpy().astype(np.float64) * scale
+                  for k in summed_keys(name, record.keys())]
+    return terms
+
+
 def updates_for_secagg(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
     """In SecAgg+'s collect stage, driftfl's train reply as the FitRes Flower's mod masks."""
     # Flower's mod calls on only in the collect stage, the one whose record carries the
@@ -65,9 +80,11 @@ def updates_for_secagg(msg: Message, context: Context, call_next: ClientAppCalla
     trained = reply.content.array_records[ARRAYS]
     update = [trained[k].numpy() - received[k].numpy() for k in float_keys(received)]
     metrics = reply.content.metric_records[METRICS]
-    experiment = ExperimentConfig.from_json(str(msg.content.config_records[CONFIG][EXPERIMENT]))
-    fitres = FitRes(Status(Code.OK, "Success"), ndarrays_to_parameters(update),
-                    client_weight(experiment, metrics[NUM_EXAMPLES]), {})
+    config = msg.content.config_records[CONFIG]
+    experiment = ExperimentConfig.from_json(str(config[EXPERIMENT]))
+    weight = client_weight(experiment, metrics[NUM_EXAMPLES])
+    update += payload_terms(reply, float(config.get(PAYLOAD_SCALE, 1.0)) / weight)
+    fitres = FitRes(Status(Code.OK, "Success"), ndarrays_to_parameters(update), weight, {})
     content = compat.fitres_to_recorddict(fitres, keep_input=False)
     content[METRICS] = MetricRecord(dict(metrics))  # in the clear: the server checks them
     return Message(content, reply_to=msg)

@@ -3,7 +3,10 @@
 
 A mechanism run ``steps`` times, each time on a Poisson sample of the data at rate
 ``sample_rate``, adding Gaussian noise of standard deviation ``noise_multiplier`` x the
-sensitivity, is (epsilon, delta)-DP with the epsilon these functions give.
+sensitivity, is (epsilon, delta)-DP with the epsilon these functions give. With ``parts`` > 1
+each step releases that many Gaussian sums (the model update, and a method's payload beside
+it, each clipped to its own norm and noised by the same multiplier), composed by the library
+inside the sampled step: a client is in the sample for all of them or for none.
 """
 
 from __future__ import annotations
@@ -22,21 +25,21 @@ def _accountant():
     return RdpAccountant()
 
 
-def _event(sample_rate: float, noise_multiplier: float, steps: int):
+def _event(sample_rate: float, noise_multiplier: float, steps: int, parts: int = 1):
     import dp_accounting
 
+    gaussian = dp_accounting.GaussianDpEvent(noise_multiplier)
+    released = gaussian if parts == 1 else dp_accounting.ComposedDpEvent([gaussian] * parts)
     return dp_accounting.SelfComposedDpEvent(
-        dp_accounting.PoissonSampledDpEvent(sample_rate,
-                                            dp_accounting.GaussianDpEvent(noise_multiplier)),
-        steps)
+        dp_accounting.PoissonSampledDpEvent(sample_rate, released), steps)
 
 
 @functools.lru_cache(maxsize=4096)
 def subsampled_gaussian_epsilon(sample_rate: float, noise_multiplier: float, steps: int,
-                                delta: float) -> float:
-    """Epsilon at ``delta`` of ``steps`` Poisson-subsampled Gaussian steps."""
+                                delta: float, parts: int = 1) -> float:
+    """Epsilon at ``delta`` of ``steps`` Poisson-subsampled steps of ``parts`` Gaussians each."""
     accountant = _accountant()
-    accountant.compose(_event(sample_rate, noise_multiplier, steps))
+    accountant.compose(_event(sample_rate, noise_multiplier, steps, parts))
     return float(accountant.get_epsilon(delta))
 
 

@@ -35,6 +35,10 @@ class PrivacySettings(Settings):
     delta: float = Field(1e-5, gt=0, lt=1)  # the delta epsilon is reported at
     # stop the run, with one line, before a round would take epsilon past this; None: no budget
     target_epsilon: float | None = Field(None, gt=0)
+    # C_p: the L2 norm each client's method payload is clipped to, where the method sends one
+    # (SCAFFOLD's control delta, the class prototypes of FedProto and FedCSD); None: the
+    # method's own default (its strategy's ``payload_clip``), filled in when checked
+    payload_clip: float | None = Field(None, gt=0)
 
     @model_validator(mode="after")
     def _coherent(self):
@@ -57,9 +61,10 @@ class PrivacySettings(Settings):
         """The noise on the round's mean update of ``clients`` clipped updates."""
         return self.noise_multiplier * self.clip / clients
 
-    def share_noise_std(self, clients: int) -> float:
-        """One client's share of that noise (distributed): m shares add up to sigma C."""
-        return self.noise_multiplier * self.clip / math.sqrt(clients)
+    def share_noise_std(self, clients: int, clip: float | None = None) -> float:
+        """One client's share of that noise (distributed): m shares add up to sigma C; with
+        ``clip``, the share on a payload clipped to it (sigma C_p in all)."""
+        return self.noise_multiplier * (clip or self.clip) / math.sqrt(clients)
 
 
 class SecAggSettings(Settings):

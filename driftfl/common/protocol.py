@@ -34,6 +34,9 @@ PROXIMAL_MU = "proximal-mu"  # FedProx's mu, as Flower's FedProx sends it
 PROTOTYPES_IN_REPLY = "prototypes-in-reply"  # FedCSD, prototypes=previous: reply with this
 #                                              round's P_k (see CSD_PROTOTYPES)
 DP_CLIENTS = "dp-clients"  # privacy=distributed: the round's m, for each client's noise share
+# secagg: a client sends its payload term (SUMMED) times this over its weight, so that SecAgg+'s
+# weighted sum gives each term / m (the round's max weight over its m clients)
+PAYLOAD_SCALE = "payload-scale"
 
 # keys in the reply ``metrics`` record
 NUM_EXAMPLES = "num-examples"
@@ -129,3 +132,18 @@ def load_numpy(model: nn.Module, arrays: dict) -> None:
 def load_arrays(model: nn.Module, arrays: ArrayRecord) -> None:
     state = arrays.to_torch_state_dict()
     model.load_state_dict({k: torch.as_tensor(v) for k, v in state.items()})
+
+
+# A reply record whose arrays are the client's term of a sum the server takes (a method's
+# payload): privacy clips and noises them as it does the update (to privacy.payload_clip),
+# secure aggregation masks them beside it. Record -> its arrays summed, in this order (None:
+# all of them, sorted by name).
+SUMMED: dict[str, tuple[str, ...] | None] = {CONTROL_DELTA: None,
+                                             FEATURE_PROTOTYPES: ("prototypes",),
+                                             PROTOTYPES: ("prototypes",)}
+
+
+def summed_keys(record_name: str, keys) -> list[str]:
+    """The arrays of reply record ``record_name`` (with arrays ``keys``) that are summed."""
+    chosen = SUMMED[record_name]
+    return sorted(keys) if chosen is None else list(chosen)

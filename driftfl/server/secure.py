@@ -25,6 +25,13 @@ dropped out (the protocol then removes its masks). The strategy's own ``aggregat
 runs on the secure aggregate: its check (``refuse_aggregate``: finite, update norm within
 max_update_ratio) and what a method does with the new model (FedAvgM's momentum, FedGKD's
 teacher buffer).
+
+A method's payload that the server takes as a sum (``DriftStrategy.payload``: SCAFFOLD's
+Delta c_k, the class prototypes) rides in the same masked vector after the update. Each client
+sends its term times ``payload-scale`` = W / m over its weight (W the round's max weight, m its
+clients), so SecAgg+'s weighted sum holds sum_k term_k / m: the terms keep their own scale
+inside the quantisation range. The server multiplies the unmasked mean back by the sum of the
+weights and by m, and hands the method the sum (``payload_sum``).
 """
 
 from __future__ import annotations
@@ -47,7 +54,7 @@ from flwr.supercore import log
 
 from driftfl.common.errors import ConfigError
 from driftfl.common.privacy import SecAggSettings, float_keys
-from driftfl.common.protocol import LOCAL_STEPS, METRICS, NUM_EXAMPLES
+from driftfl.common.protocol import CONFIG, LOCAL_STEPS, METRICS, NUM_EXAMPLES, PAYLOAD_SCALE
 from driftfl.strategies import DriftStrategy
 from driftfl.strategies.aggregation import (Aggregation, ClientUpdate, example_weights,
                                             mean_metrics, read_metrics)
@@ -161,6 +168,11 @@ def secure_train_round(strategy: DriftStrategy, grid: Grid, settings: SecAggSett
     contents = {m.metadata.dst_node_id: m.content for m in messages}
     global_arrays = strategy.global_arrays
     keys = float_keys(global_arrays)
+    max_weight = round_max_weight(strategy, list(contents), settings, unweighted)
+    for content in contents.values():  # (the messages may share one config record)
+        content[CONFIG] = ConfigRecord({**content[CONFIG],
+                                        PAYLOAD_SCALE: max_weight / max(1, len(contents))})
+    payload = strategy.payload()
     adapter = _LegacyStrategy(list(contents))
     context = SimpleNamespace(
         state=RecordDict({MAIN_CONFIGS_RECORD: ConfigRecord({WorkflowKey.CURRENT_ROUND:
@@ -168,10 +180,10 @@ def secure_train_round(strategy: DriftStrategy, grid: Grid, settings: SecAggSett
                           MAIN_PARAMS_RECORD: ArrayRecord()}),
         strategy=adapter, client_manager=SimpleNamespace(num_available=lambda: len(contents)),
         history=None)
-    wire = _ScreeningGrid(grid, _reply_check(strategy, [global_arrays[k].shape for k in keys]))
+    wire = _ScreeningGrid(grid, _reply_check(strategy, [global_arrays[k].shape for k in keys]
+                                             + list(payload.values())))
     workflow = SecAggPlusWorkflow(settings.num_shares, settings.reconstruction_threshold,
-                                  max_weight=round_max_weight(strategy, list(contents),
-                                                              settings, unweighted),
+                                  max_weight=max_weight,
                                   clipping_range=settings.clipping_range,
                                   quantization_range=settings.quantization_range,
                                   modulus_range=settings.modulus_range, timeout=timeout)
@@ -182,8 +194,21 @@ def secure_train_round(strategy: DriftStrategy, grid: Grid, settings: SecAggSett
         completed = all(stage(wire, context, state) for stage in (
             workflow.share_keys_stage, workflow.collect_masked_vectors_stage,
             workflow.unmask_stage))
-    return _finish(strategy, server_round, wire, adapter.mean_update if completed else None,
-                   global_arrays, keys)
+    mean = adapter.mean_update if completed else None
+    if mean is not None and payload:  # the payload's part: back to the sum of the terms
+        weights = sum(_quantised_ratio(float(m.content[METRICS][NUM_EXAMPLES]), settings,
+                                       max_weight, unweighted) for m in wire.collected)
+        strategy.payload_sum = {name: part * weights * len(contents) for name, part in
+                                zip(payload, mean[len(keys):], strict=True)}
+        mean = mean[:len(keys)]
+    return _finish(strategy, server_round, wire, mean, global_arrays, keys)
+
+
+def _quantised_ratio(num_examples: float, settings: SecAggSettings, max_weight: float,
+                     unweighted: bool) -> float:
+    """A client's weight as SecAgg+ sums it: weight / max_weight, quantised as its mod does."""
+    weight = 1.0 if unweighted else float(int(num_examples))
+    return round(weight / max_weight * settings.quantization_range) / settings.quantization_range
 
 
 class _SecureMean(Aggregation):

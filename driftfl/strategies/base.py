@@ -88,6 +88,12 @@ class DriftStrategy(FederatedEvaluation, ReplyGuard, FedAvg):
     # what the server takes from each client beyond its model update, which differential
     # privacy and secure aggregation do not cover ("": nothing; such a method refuses them)
     unprotected: ClassVar[str] = ""
+    # a payload the method takes as a sum over its clients, which privacy and secure
+    # aggregation cover beside the update (SCAFFOLD's Delta c_k): the reply record holding each
+    # client's term ("": none), what it is in words, and privacy.payload_clip's default for it
+    payload_record: ClassVar[str] = ""
+    payload_words: ClassVar[str] = ""
+    payload_clip: ClassVar[float] = 1.0
 
     def __init__(self, *, selection: Selection | None = None,
                  aggregation: Aggregation | None = None, objective: str = "ce",
@@ -120,6 +126,9 @@ class DriftStrategy(FederatedEvaluation, ReplyGuard, FedAvg):
         self.max_examples_ratio = max_examples_ratio
         # DP-FedAvg (privacy=central or distributed): the round's update is its DP mean
         self.private: PrivateMean | None = None
+        # under privacy or secure aggregation: this round's sum of the payload terms (noised
+        # under privacy), which the method takes instead of the individual payloads
+        self.payload_sum: dict[str, np.ndarray] | None = None
         self.node_rank: dict[int, int] = {}  # node id -> partition id (data survey)
         self.surveyed: dict[int, int] | None = None  # node id -> num_examples (data survey)
         self.histograms: dict[int, np.ndarray] = {}  # node id -> label histogram (data survey)
@@ -163,9 +172,17 @@ class DriftStrategy(FederatedEvaluation, ReplyGuard, FedAvg):
         finally:
             flwr_logger.setLevel(level)
         if cfg.privacy.enabled:
-            strategy.private = PrivateMean(cfg.privacy, num_clients=cfg.num_clients,
-                                           per_round=strategy.train_count(cfg.num_clients))
+            strategy.private = PrivateMean(
+                cfg.privacy, num_clients=cfg.num_clients,
+                per_round=strategy.train_count(cfg.num_clients),
+                payload=strategy.payload_words if strategy.sends_payload else "")
         return strategy
+
+    @classmethod
+    def protection_problem(cls, settings: Any) -> str | None:
+        """Why these strategy settings keep privacy and secure aggregation from covering what
+        the server takes, and what to set instead (None: nothing keeps them)."""
+        return None
 
     @classmethod
     def arguments(cls, settings: Any, *, model: nn.Module, aux_set: AuxSet | None,
@@ -250,6 +267,21 @@ class DriftStrategy(FederatedEvaluation, ReplyGuard, FedAvg):
         nodes that go on to train. None for FedAvg."""
         return nodes
 
+    @property
+    def sends_payload(self) -> bool:
+        """Whether the clients' train replies carry ``payload_record``."""
+        return bool(self.payload_record)
+
+    def payload(self) -> dict[str, tuple[int, ...]]:
+        """The summed arrays of ``payload_record`` (name -> shape, in protocol.summed_keys's
+        order) for this round; {} when the method sends none."""
+        return {}
+
+    def payload_terms(self, update: ClientUpdate) -> list[np.ndarray]:
+        """A checked reply's payload term, as ``payload`` orders it."""
+        record = update.message.content.array_records[self.payload_record]
+        return [record[k].numpy() for k in self.payload()]
+
     def knowledge(self, server_round: int) -> dict:
         """Further named records a method sends with the global model (none for FedAvg)."""
         return {}
@@ -261,6 +293,7 @@ class DriftStrategy(FederatedEvaluation, ReplyGuard, FedAvg):
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                         grid: Grid) -> Iterable[Message]:
         self.global_arrays = to_numpy(arrays)
+        self.payload_sum = None
         config[SERVER_ROUND] = server_round
         config[METHOD] = self.objective
         nodes = self.before_train(server_round, self.sample(server_round, grid), config, grid)
@@ -394,6 +427,10 @@ class DriftStrategy(FederatedEvaluation, ReplyGuard, FedAvg):
             refused = None
             aggregate = self.private.combine(updates, self.global_arrays, len(self.trained),
                                              server_round)
+            if self.payload():
+                self.payload_sum = dict(zip(self.payload(), self.private.sum_payload(
+                    [self.payload_terms(u) for u in updates], list(self.payload().values()),
+                    server_round)))
         else:
             refused = self.aggregation.refuse(updates)
             aggregate = {} if refused else self.aggregation.aggregate(updates, self.global_arrays)

@@ -16,6 +16,9 @@ max_update_ratio of P_G,c); a new P_G that would move the classes it shares with
 more than max_update_ratio x their norm is refused, the old one kept (guard.state_problem).
 Under a robust aggregation P_G,c is that rule's combination of the holders' P_k,c (the median
 for Krum, whose kept replies are the model's, chosen after this phase), not Eq. 7's mean.
+Under privacy or secure aggregation (prototypes=previous or local: the prototype phase is a
+second exchange neither covers) the P_k of the train replies are a payload taken as a sum,
+and P_G is made of the sum alone (prototypes.summed): see prototypes.py.
 """
 
 from __future__ import annotations
@@ -33,7 +36,8 @@ from driftfl.common.protocol import (CONFIG, CSD_PROTOTYPES, PROTOTYPES, PROTOTY
 
 from .aggregation import to_record
 from .base import StrategySettings
-from .prototypes import combined, common_rows, outliers, survey_problem
+from .prototypes import (combined, common_rows, noise_floor, outliers, summed,
+                         survey_problem)
 from .robust import KrumAggregation, MedianAggregation
 from .teacher import EMATeacher
 
@@ -93,8 +97,10 @@ class FedCSD(EMATeacher):
     P comes from); ``num_classes``: the rows of P_G."""
 
     Settings = FedCSDSettings
-    unprotected = "its clients' per-class logit prototypes"
     provides = frozenset({TEACHER, PROTOTYPES})
+    payload_record = PROTOTYPES  # with prototypes=previous
+    payload_words = "FedCSD's class prototypes"
+    payload_clip = 10.0
 
     def __init__(self, *, source: str, num_classes: int, **kwargs):
         super().__init__(**kwargs)
@@ -110,6 +116,36 @@ class FedCSD(EMATeacher):
         return {"alpha": settings.alpha if settings.tma else 0.0,
                 "source": settings.prototypes,
                 "num_classes": model.head.out_features}
+
+    @classmethod
+    def protection_problem(cls, settings) -> str | None:
+        if settings.prototypes == "exchange":
+            return ("strategy.prototypes=exchange runs a prototype phase before training, a "
+                    "second exchange each round that neither covers; set "
+                    "strategy.prototypes=previous (the prototypes ride in the train reply, "
+                    "covered with the update) or local (none are sent)")
+        return None
+
+    @property
+    def sends_payload(self) -> bool:
+        return self.one_exchange
+
+    def payload(self) -> dict[str, tuple[int, ...]]:
+        return {"prototypes": (self.num_classes, self.num_classes)} if self.one_exchange else {}
+
+    def reject(self, update):
+        reason = super().reject(update)
+        if reason or not (self.private and self.one_exchange and update.arrays):
+            return reason
+        # privacy: the server sums every accepted reply's P_k, so each is checked first
+        node = update.node_id
+        checked = check_prototypes(update.message, self.num_classes, self.survey_count(node))
+        if isinstance(checked, str):
+            return checked
+        noised = self.private.settings.name == "distributed"
+        return (survey_problem(*checked, self.histograms.get(node), rows=not noised)
+                or (self.private.reject_payload([checked[0]], len(self.trained))
+                    if noised else None))
 
     def gather(self, replies, server_round: int) -> list[int]:
         """The nodes whose prototypes are usable; P_G from them, unless it is refused."""
@@ -177,7 +213,15 @@ class FedCSD(EMATeacher):
     def aggregate_train(self, server_round, replies):
         replies = list(replies)
         arrays, metrics = super().aggregate_train(server_round, replies)
-        if self.one_exchange:  # the P_k of the train replies make the next round's P_G
+        if self.one_exchange and self.payload_sum is not None:  # privacy or secagg: the sum
+            new = summed(self, self.num_classes)
+            rows = common_rows(*new, self.prototypes, self.present)
+            problem = rows and self.state_problem(*rows, floor=noise_floor(self, rows[1]))
+            if problem:
+                self.refuse_state(server_round, "FedCSD's prototypes", problem)
+            else:
+                self.prototypes, self.present = new
+        elif self.one_exchange:  # the P_k of the train replies make the next round's P_G
             accepted = {u.node_id for u in self.last_updates}
             self.gather([r for r in replies if r.metadata.src_node_id in accepted], server_round)
         return arrays, metrics

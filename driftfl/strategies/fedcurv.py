@@ -61,7 +61,10 @@ class FedCurv(DriftStrategy):
     """``param_keys``: the model's trainable parameters (its other arrays are buffers)."""
 
     provides = frozenset({FISHER_PENALTY})
-    unprotected = "its clients' Fisher information terms, which the penalty sends to all"
+    # the server keeps each node's latest terms and sends the others their sum in every round,
+    # sampled or not: no per-round clipped, noised or masked sum can stand in for them
+    unprotected = ("its clients' Fisher terms, which it keeps per node and resends to all in "
+                   "every round")
 
     def __init__(self, *, param_keys: frozenset[str], **kwargs):
         super().__init__(**kwargs)

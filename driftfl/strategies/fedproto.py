@@ -17,7 +17,8 @@ would move the classes it shares with the old one by more than max_update_ratio 
 (guard.state_problem) is refused and the old one kept. A round that leaves the global model as
 it was (no usable reply, or a refused aggregate) leaves P_G as it was. Under a robust
 aggregation P_G,c is its ``combine`` of the holders' P_k,c (weighted by count, or uniformly with
-plain), not the mean.
+plain), not the mean. Under privacy or secure aggregation (prototype_mean=plain) P_G is made of
+the sum of the P_k alone (prototypes.summed): see prototypes.py.
 """
 
 from __future__ import annotations
@@ -33,7 +34,8 @@ from driftfl.common.protocol import FEATURE_PROTOTYPES
 from .aggregation import ClientUpdate
 from .base import DriftStrategy, StrategySettings
 from .fedcsd import check_prototypes
-from .prototypes import combined, common_rows, outliers, survey_problem
+from .prototypes import (combined, common_rows, noise_floor, outliers, summed,
+                         survey_problem)
 
 
 def check_feature_prototypes(msg: Message, num_classes: int, dim: int,
@@ -71,8 +73,10 @@ class FedProto(DriftStrategy):
     ``by_counts``: P_G,c weighted by the holders' counts of c (False: a plain mean)."""
 
     Settings = FedProtoSettings
-    unprotected = "its clients' per-class feature prototypes"
     server_columns = frozenset({"prototype_classes"})
+    payload_record = FEATURE_PROTOTYPES
+    payload_words = "FedProto's class prototypes"
+    payload_clip = 10.0
 
     provides = frozenset({FEATURE_PROTOTYPES})
 
@@ -88,6 +92,19 @@ class FedProto(DriftStrategy):
         return {"num_classes": model.head.out_features, "feature_dim": model.head.in_features,
                 "by_counts": settings.prototype_mean == "weighted"}
 
+    @classmethod
+    def protection_problem(cls, settings) -> str | None:
+        if settings.prototype_mean == "weighted":
+            return ("strategy.prototype_mean=weighted weighs each client's prototypes by its "
+                    "own class counts, which noise for one clipped client does not cover and "
+                    "SecAgg+'s one weight per client cannot carry; set "
+                    "strategy.prototype_mean=plain (each holder counts once, as in the "
+                    "authors' code)")
+        return None
+
+    def payload(self) -> dict[str, tuple[int, ...]]:
+        return {"prototypes": (self.num_classes, self.feature_dim)}
+
     def knowledge(self, server_round: int) -> dict:
         if self.prototypes is None:  # round 1: the clients train with plain cross-entropy
             return {}
@@ -97,17 +114,24 @@ class FedProto(DriftStrategy):
     def prototypes_of(self, update: ClientUpdate) -> tuple[np.ndarray, np.ndarray] | str:
         checked = check_feature_prototypes(update.message, self.num_classes, self.feature_dim,
                                            self.survey_count(update.node_id))
+        noised = self.private is not None and self.private.settings.name == "distributed"
         return checked if isinstance(checked, str) else (
-            survey_problem(*checked, self.histograms.get(update.node_id)) or checked)
+            survey_problem(*checked, self.histograms.get(update.node_id), rows=not noised)
+            or (noised and self.private.reject_payload([checked[0]], len(self.trained)))
+            or checked)
 
     def reject(self, update: ClientUpdate) -> str | None:
         reason = super().reject(update)
-        if reason is None and isinstance(checked := self.prototypes_of(update), str):
-            reason = checked
+        if reason is None and update.arrays and isinstance(checked := self.prototypes_of(update),
+                                                           str):
+            reason = checked  # (a masked reply's prototypes are in SecAgg+'s sum)
         return reason
 
     def screen(self, updates: list[ClientUpdate]) -> list[ClientUpdate]:
-        """The prototypes against the round's peers and P_G (prototypes.outliers)."""
+        """The prototypes against the round's peers and P_G (prototypes.outliers); under
+        privacy the clip bounds each client's pull instead (noise would dominate them)."""
+        if self.private:
+            return updates
         bad = outliers([self.prototypes_of(u) for u in updates], self.prototypes, self.present,
                        self.max_peer_ratio, self.max_update_ratio)
         for k, reason in bad.items():
@@ -118,15 +142,16 @@ class FedProto(DriftStrategy):
         arrays, metrics = super().aggregate_train(server_round, replies)
         if arrays is None:
             return arrays, metrics
-        # every accepted reply passed prototypes_of in reject
-        replies = [self.prototypes_of(u) for u in self.last_updates]
-        if self.aggregation.robust:
-            new = combined(self.aggregation, replies, self.num_classes, self.feature_dim,
-                           by_counts=self.by_counts)
-        else:
-            new = weighted_prototypes(replies, self.num_classes, self.feature_dim, self.by_counts)
+        if self.payload_sum is not None:  # privacy or secagg: the sum alone
+            new = summed(self, self.num_classes)
+        else:  # every accepted reply passed prototypes_of in reject
+            replies = [self.prototypes_of(u) for u in self.last_updates]
+            new = (combined(self.aggregation, replies, self.num_classes, self.feature_dim,
+                            by_counts=self.by_counts) if self.aggregation.robust else
+                   weighted_prototypes(replies, self.num_classes, self.feature_dim,
+                                       self.by_counts))
         rows = common_rows(*new, self.prototypes, self.present)
-        problem = rows and self.state_problem(*rows)
+        problem = rows and self.state_problem(*rows, floor=noise_floor(self, rows[1]))
         if problem:
             self.refuse_state(server_round, "FedProto's prototypes", problem)
         else:

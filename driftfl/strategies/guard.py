@@ -46,14 +46,15 @@ def peer_outliers(norms: Sequence[float], ratio: float) -> tuple[list[int], floa
 
 
 def state_problem(new: Mapping[str, np.ndarray], old: Mapping[str, np.ndarray] | None,
-                  ratio: float) -> str | None:
+                  ratio: float, floor: float = 0.0) -> str | None:
     """Why ``new`` must not replace ``old`` (None: it may): a value not finite, or a move of more
-    than ``ratio`` x max(1, ||old||) (from zero when there is no old state yet)."""
+    than ``ratio`` x max(1, ||old||) (from zero when there is no old state yet), or than
+    ``floor`` where that is larger (what differential privacy's noise may add)."""
     for key, value in new.items():
         if value.dtype.kind == "f" and not np.isfinite(value).all():
             return f"'{key}' would hold NaN or infinite values"
     base = old if old is not None else {k: np.zeros_like(v) for k, v in new.items()}
-    moved, bound = update_norm(new, base), ratio * max(1.0, model_norm(base))
+    moved, bound = update_norm(new, base), max(ratio * max(1.0, model_norm(base)), floor)
     if not moved <= bound:
         return f"it would move by {moved:.3g}, over the bound {bound:.3g} (max_update_ratio)"
     return None
@@ -90,9 +91,17 @@ class ReplyGuard:
         self.report.refused_state.append(f"{what}: {reason}")
 
     def state_problem(self, new: dict[str, np.ndarray],
-                      old: dict[str, np.ndarray] | None) -> str | None:
+                      old: dict[str, np.ndarray] | None, floor: float = 0.0) -> str | None:
         """Why a new strategy state must not replace ``old`` (guard.state_problem)."""
-        return state_problem(new, old, self.max_update_ratio)
+        return state_problem(new, old, self.max_update_ratio, floor)
+
+    def payload_floor(self, divisor: float) -> float:
+        """Under privacy, the norm a state made of the round's noised payload sum over
+        ``divisor`` may reach (its clipped terms and its noise); 0 otherwise."""
+        if not self.private or self.payload_sum is None:
+            return 0.0
+        size = sum(v.size for v in self.payload_sum.values())
+        return self.private.payload_sum_bound(size, len(self.trained)) / divisor
 
     def weight_cap(self) -> float:
         """The most examples a reply weighs as: max_examples_ratio x the median of the data

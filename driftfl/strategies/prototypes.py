@@ -18,6 +18,12 @@ one is rejected whole, like a failed check:
 The new global prototypes replace the old ones only if ``guard.state_problem`` passes on the
 classes both hold (``common_rows``). Under a robust aggregation P_G,c is the aggregation's
 ``combine`` of the holders' P_k,c (``combined``) instead of the paper's mean.
+
+Under privacy or secure aggregation the server gets only the sum of the clients' P_k (clipped
+and noised under privacy; base.py's ``payload_sum``) and makes P_G of it (``from_sum``) with
+the holders counted from the data survey's label histograms: the clients sent a train message
+under privacy (a silent one adds a zero term, as to the update), the clients whose masked
+replies were summed under SecAgg+ alone.
 """
 
 from __future__ import annotations
@@ -30,16 +36,17 @@ Replies = list[tuple[np.ndarray, np.ndarray]]  # (P_k (C, d), counts (C,)) per r
 
 
 def survey_problem(prototypes: np.ndarray, counts: np.ndarray,
-                   histogram: np.ndarray | None) -> str | None:
+                   histogram: np.ndarray | None, rows: bool = True) -> str | None:
     """Why these counts and rows disagree with the node's label histogram (None: they agree,
-    or there was no survey)."""
+    or there was no survey); ``rows`` False: the rows are noised (privacy=distributed), only
+    the counts can be checked."""
     if histogram is None:
         return None
     over = np.flatnonzero(counts > histogram)
     if len(over):
         return (f"counts {counts[over].astype(np.int64).tolist()} of classes {over.tolist()} "
                 f"exceed the data survey's {histogram[over].tolist()}")
-    ghost = np.flatnonzero((histogram == 0) & np.abs(prototypes).any(axis=1))
+    ghost = np.flatnonzero((histogram == 0) & np.abs(prototypes).any(axis=1) & rows)
     if len(ghost):
         return f"prototypes of classes {ghost.tolist()}, which the node does not hold"
     return None
@@ -82,6 +89,38 @@ def common_rows(new: np.ndarray, new_present: np.ndarray, old: np.ndarray | None
         return None
     both = new_present & old_present
     return {"prototypes": new[both]}, {"prototypes": old[both]}
+
+
+def holders(histograms: dict[int, np.ndarray], nodes, num_classes: int) -> np.ndarray:
+    """h_c: how many of ``nodes`` hold class c, by their surveyed label histograms."""
+    count = np.zeros(num_classes)
+    for node in nodes:
+        count += np.asarray(histograms[node]) > 0
+    return count
+
+
+def from_sum(total: np.ndarray, held_by: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(P_G, present) from the sum of the clients' prototypes: P_G,c = total_c / h_c, a zero
+    row for a class no client counted holds."""
+    present = held_by > 0
+    mean = total / np.maximum(held_by, 1)[:, None]
+    return np.where(present[:, None], mean, 0.0).astype(np.float32), present
+
+
+def summed(strategy, num_classes: int) -> tuple[np.ndarray, np.ndarray]:
+    """(P_G, present) from a protected round's sum (``strategy.payload_sum``): the holders are
+    the nodes sent a train message under privacy, the nodes summed under SecAgg+ alone."""
+    nodes = (strategy.trained if strategy.private
+             else [u.node_id for u in strategy.last_updates])
+    return from_sum(strategy.payload_sum["prototypes"],
+                    holders(strategy.histograms, nodes, num_classes))
+
+
+def noise_floor(strategy, old: dict) -> float:
+    """How far a new P_G made of a noised sum may lie from the old one: as far as that sum
+    reaches (guard's ``payload_floor``) plus the old one's norm; 0 without privacy."""
+    floor = strategy.payload_floor(1)
+    return floor + float(np.linalg.norm(old["prototypes"])) if floor else 0.0
 
 
 def combined(aggregation, replies: Replies, num_classes: int, dim: int,

@@ -16,6 +16,13 @@ own checks) is still used, and the refusal is recorded in ``RoundReport.refused_
 robust aggregation the Delta c_k are combined by the same rule, uniformly:
   c <- c + (|S|/K) combine_k(Delta c_k);
 under a plain one the formula above is used unchanged.
+
+Under privacy or secure aggregation the Delta c_k are a payload taken as a sum (base.py's
+``payload_sum``): c <- c + (1/K) (sum_k Delta c_k + noise), each Delta c_k clipped to
+privacy.payload_clip. The server checks what it still sees: under privacy=central the raw
+reply, as above (then clips it); under distributed the noised Delta c_k's norm (the clip plus
+its noise share); under SecAgg+ only the masked vector's shapes. c's move is bounded by what
+the clipped, noised sum can reach.
 """
 
 from __future__ import annotations
@@ -84,7 +91,9 @@ class Scaffold(DriftStrategy):
     server_columns = frozenset({"server_control_norm"})
 
     provides = frozenset({CONTROL})
-    unprotected = "its clients' control-variate updates"
+    payload_record = CONTROL_DELTA
+    payload_words = "SCAFFOLD's control deltas"
+    payload_clip = 1.0
 
     def __init__(self, *, param_keys: tuple[str, ...], num_clients: int, lr: float,
                  momentum: float, divisor: str = "effective", **kwargs):
@@ -116,10 +125,16 @@ class Scaffold(DriftStrategy):
         reason = super().reject(update)
         if reason:
             return reason
+        if not update.arrays:  # a masked reply (secure aggregation): Delta c_k is in the sum
+            return None
         params = {k: self.global_arrays[k] for k in self.param_keys}
         delta = read_control_delta(update.message, params)
         if isinstance(delta, str):
             return delta
+        if self.private and self.private.settings.name == "distributed":
+            # clipped and noised by the client: its norm is what can be checked
+            self.deltas[update.node_id] = delta
+            return self.private.reject_payload(list(delta.values()), len(self.trained))
         expected, size = expected_delta(
             {k: c.astype(np.float64) for k, c in self.sent.items()}, params,
             update.arrays, self.scale(update.metrics[LOCAL_STEPS]))
@@ -131,7 +146,12 @@ class Scaffold(DriftStrategy):
         self.deltas[update.node_id] = delta
         return None
 
+    def payload(self) -> dict[str, tuple[int, ...]]:
+        return {k: self.global_arrays[k].shape for k in sorted(self.param_keys)}
+
     def screen(self, updates):
+        if self.private:  # the clip bounds each Delta c_k; noise would dominate the median
+            return updates
         return self.peer_screen(updates, CONTROL_DELTA,
                                 lambda u: model_norm(self.deltas[u.node_id]))
 
@@ -139,15 +159,20 @@ class Scaffold(DriftStrategy):
         self.deltas = {}
         arrays, metrics = super().aggregate_train(server_round, replies)
         if arrays is not None:  # c moves only with an accepted aggregate
-            deltas = [self.deltas[u.node_id] for u in self.last_updates]
+            deltas = ([] if self.payload_sum is not None
+                      else [self.deltas[u.node_id] for u in self.last_updates])
             self.deltas = {}  # scratch: a checkpoint need not keep them
-            if self.aggregation.robust:  # one huge Delta c_k counts as little as in the model
+            if self.payload_sum is not None:  # privacy or secagg: the (noised) sum
+                control = {k: c + self.payload_sum[k] / self.num_clients
+                           for k, c in self.control.items()}
+            elif self.aggregation.robust:  # one huge Delta c_k counts as little as in the model
                 combined = self.aggregation.combine(deltas, np.ones(len(deltas)))
                 control = {k: c + len(deltas) / self.num_clients * combined[k]
                            for k, c in self.control.items()}
             else:
                 control = update_control(self.control, deltas, self.num_clients)
-            problem = self.state_problem(control, self.control)
+            problem = self.state_problem(control, self.control, self.payload_floor(
+                self.num_clients))
             if problem:
                 self.refuse_state(server_round, "SCAFFOLD's c", problem)
             else:

@@ -1,0 +1,245 @@
+"""A method's payload taken as a sum (SCAFFOLD's Delta c_k, FedProto's and FedCSD's class
+prototypes) under differential privacy and secure aggregation: clipped to privacy.payload_clip,
+noised by sigma x payload_clip on the sum, composed by the accountant, carried in SecAgg+'s masked
+vector; and the method's state made of that sum alone."""
+
+from __future__ import annotations
+
+import copy
+
+import dp_accounting
+import numpy as np
+import pytest
+from dp_accounting.rdp import RdpAccountant
+from flwr.app import Array, ArrayRecord, ConfigRecord
+
+from driftfl.client.privacy import privatise_payload
+from driftfl.common.config import compose
+from driftfl.common.privacy import PrivacySettings
+from driftfl.common.protocol import (CONTROL_DELTA, DATASET_META, EXPERIMENT,
+                                     FEATURE_PROTOTYPES, PROTOTYPES, model_to_arrays)
+from driftfl.methods import build_strategy, check_experiment
+from driftfl.server.experiment import prepare_experiment
+from driftfl.server.secure import secure_train_round
+from driftfl.server.survey import survey_clients
+from driftfl.strategies.private import PrivateMean
+from driftfl.strategies.prototypes import from_sum, holders
+from test_methods import InProcessGrid, fmnist_nodes
+from test_secagg import RecordingGrid
+
+CLIENTS = 3
+TINY = ["model=mlp", "dataset.subset=2000", "dataset.test_subset=200", f"num_clients={CLIENTS}",
+        "rounds=1", "logit_shift_samples=32"]
+
+
+def settings(name: str, sigma: float = 0.0, clip: float = 1.0) -> PrivacySettings:
+    return PrivacySettings(name=name, noise_multiplier=sigma, payload_clip=clip)
+
+
+def l2(arrays) -> float:
+    return float(np.sqrt(sum(np.sum(np.square(a, dtype=np.float64)) for a in arrays)))
+
+
+# -- the mechanism --------------------------------------------------------------------------
+def test_epsilon_composes_the_payloads_gaussian_inside_the_sampled_round():
+    """Two Gaussian sums a round (the update's and the payload's, each clipped to its own norm,
+    noised by the same sigma), in one Poisson sample: dp-accounting's own figure, and more than
+    the update's alone."""
+    plain = PrivateMean(settings("central", 1.1), num_clients=100, per_round=20)
+    both = PrivateMean(settings("central", 1.1), num_clients=100, per_round=20,
+                       payload="SCAFFOLD's control deltas")
+    gaussian = dp_accounting.GaussianDpEvent(1.1)
+    accountant = RdpAccountant()
+    accountant.compose(dp_accounting.SelfComposedDpEvent(dp_accounting.PoissonSampledDpEvent(
+        0.2, dp_accounting.ComposedDpEvent([gaussian, gaussian])), 30))
+    assert both.parts == 2 and plain.parts == 1
+    assert both.epsilon(30) == pytest.approx(accountant.get_epsilon(1e-5), rel=1e-12)
+    assert both.epsilon(30) > 1.2 * plain.epsilon(30)
+
+
+def test_central_clips_each_term_and_noises_the_sum_by_sigma_times_the_payload_clip():
+    private = PrivateMean(settings("central", 0.0, clip=1.0), num_clients=4, per_round=2)
+    big, small = [np.array([3.0, 4.0]), np.array([0.0])], [np.array([0.0, 0.5]), np.array([0.0])]
+    total = private.sum_payload([big, small], [(2,), (1,)], server_round=1)
+    np.testing.assert_allclose(total[0], [0.6, 0.8 + 0.5])  # 5 -> 1, 0.5 kept
+    # one client moves the sum by at most the clip, however large its term
+    huge = [np.array([3e6, 4e6]), np.array([0.0])]
+    moved = private.sum_payload([huge, small], [(2,), (1,)], 1)
+    assert l2([moved[0] - total[0] + np.array([0.6, 0.8])]) <= 1.0 + 1e-9
+    noisy = PrivateMean(settings("central", 2.0, clip=0.5), num_clients=4, per_round=2)
+    zeros = [np.zeros(200_000)]
+    noise = noisy.sum_payload([zeros, zeros], [(200_000,)], server_round=3)[0]
+    assert np.std(noise) == pytest.approx(2.0 * 0.5, rel=0.01)
+    # the payload's noise is a stream apart from the update's: not a copy of it
+    again = noisy.sum_payload([zeros], [(200_000,)], server_round=3)[0]
+    np.testing.assert_array_equal(noise, again)  # seeded by the run's noise seed and round
+
+
+def test_a_distributed_client_clips_its_payload_and_adds_its_share_of_the_noise():
+    rng = np.random.default_rng(0)
+    control = ArrayRecord({"w": Array(np.full((30, 20), 0.5, np.float32)),
+                           "b": Array(np.full(20, 0.5, np.float32))})
+    counts = np.array([5, 0, 7], np.int64)
+    protos = ArrayRecord({"prototypes": Array(np.full((3, 4), 2.0, np.float32)),
+                          "counts": Array(counts)})
+    out = privatise_payload({CONTROL_DELTA: control, FEATURE_PROTOTYPES: protos,
+                             "other": protos}, settings("distributed", 0.0, clip=2.0),
+                            clients=4, rng=rng)
+    sent = [out[CONTROL_DELTA][k].numpy() for k in ("b", "w")]
+    assert l2(sent) == pytest.approx(2.0, rel=1e-6)  # clipped, direction kept
+    assert np.allclose(sent[1], sent[1].flat[0]) and sent[1].dtype == np.float32
+    prototypes = out[FEATURE_PROTOTYPES]["prototypes"].numpy()
+    assert l2([prototypes]) == pytest.approx(2.0, rel=1e-6)
+    np.testing.assert_array_equal(out[FEATURE_PROTOTYPES]["counts"].numpy(), counts)
+    assert out["other"] is protos  # a record that is no summed payload goes as it is
+    big = ArrayRecord({"w": Array(np.zeros(400_000, np.float32))})
+    noised = privatise_payload({CONTROL_DELTA: big}, settings("distributed", 1.5, clip=2.0),
+                               clients=9, rng=rng)[CONTROL_DELTA]["w"].numpy()
+    assert np.std(noised) == pytest.approx(1.5 * 2.0 / 3, rel=0.01)  # sigma C_p / sqrt(m)
+    central = privatise_payload({CONTROL_DELTA: big}, settings("central", 1.5), clients=9)
+    assert central[CONTROL_DELTA] is big  # the server clips and noises
+
+
+def test_a_distributed_payload_beyond_its_clip_and_noise_is_refused():
+    private = PrivateMean(settings("distributed", 1.0, clip=2.0), num_clients=10, per_round=4)
+    share = 1.0 * 2.0 / 2  # sigma C_p / sqrt(m)
+    honest = [np.full(10_000, 2.0 / 100) + np.random.default_rng(1).normal(0, share, 10_000)]
+    assert private.reject_payload(honest, clients=4) is None
+    assert "exceeds what privacy=distributed lets a client send" in private.reject_payload(
+        [np.full(10_000, 5.0)], clients=4)
+
+
+def test_prototypes_from_the_sum_divide_by_the_surveyed_holders():
+    histograms = {1: np.array([3, 0, 2]), 2: np.array([1, 0, 0]), 3: np.array([0, 0, 4])}
+    held = holders(histograms, [1, 2, 3], 3)
+    np.testing.assert_array_equal(held, [2, 0, 2])
+    total = np.array([[2.0, 4.0], [0.0, 0.0], [6.0, 2.0]])
+    prototypes, present = from_sum(total, held)
+    np.testing.assert_allclose(prototypes, [[1.0, 2.0], [0.0, 0.0], [3.0, 1.0]])
+    np.testing.assert_array_equal(present, [True, False, True])
+
+
+# -- through the real ClientApp --------------------------------------------------------------
+def start(overrides, grid_class=InProcessGrid, **grid_args):
+    experiment = prepare_experiment(compose([*TINY, *overrides]))
+    cfg, model = experiment.cfg, experiment.initial_model()
+    strategy = build_strategy(cfg, model)
+    grid = grid_class(fmnist_nodes(CLIENTS), **grid_args)
+    record = ConfigRecord({EXPERIMENT: cfg.to_json(), DATASET_META: experiment.meta.to_json()})
+    strategy.meet(survey_clients(grid, record, CLIENTS, node_wait=5, timeout=60))
+    return cfg, strategy, grid, record, model_to_arrays(model)
+
+
+def plain_payloads(overrides, record_name):
+    """Each node's payload term in a round without privacy or secagg (the clients train
+    deterministically: what the protected round's clients computed before clipping)."""
+    cfg, strategy, grid, record, arrays = start(overrides)
+    replies = grid.send_and_receive(strategy.configure_train(1, arrays, record, grid))
+    out = {}
+    for reply in replies:
+        payload = reply.content.array_records[record_name]
+        keys = sorted(payload.keys()) if record_name == CONTROL_DELTA else ["prototypes"]
+        out[reply.metadata.src_node_id] = [payload[k].numpy().astype(np.float64) for k in keys]
+    return out
+
+
+def clipped(term, clip):
+    scale = min(1.0, clip / l2(term))
+    return [t * scale for t in term]
+
+
+@pytest.mark.parametrize("name", ["central", "distributed"])
+def test_scaffold_under_privacy_moves_c_by_the_clipped_sum_over_k(fmnist_available, server_task,
+                                                                   name):
+    private = [f"privacy={name}", "privacy.noise_multiplier=0", "privacy.payload_clip=0.05"]
+    cfg, strategy, grid, record, arrays = start(["strategy=scaffold", *private])
+    replies = grid.send_and_receive(strategy.configure_train(1, arrays, record, grid))
+    assert strategy.aggregate_train(1, replies)[0] is not None
+    assert strategy.report.rejected == [] and strategy.report.refused_state == []
+    terms = plain_payloads(["strategy=scaffold"], CONTROL_DELTA)
+    assert all(l2(t) > 0.05 for t in terms.values())  # the clip bites
+    expected = sum(np.concatenate([c.ravel() for c in clipped(t, 0.05)]) for t in terms.values())
+    control = np.concatenate([strategy.control[k].ravel() for k in sorted(strategy.control)])
+    np.testing.assert_allclose(control, expected / CLIENTS, atol=1e-7)
+
+
+def test_fedproto_under_central_privacy_is_the_clipped_sum_over_the_holders_sent_a_message(
+        fmnist_available, server_task):
+    """A client that sent nothing back adds a zero term but still counts as a holder: the
+    denominator is public (the survey), never the replies' own counts."""
+    private = ["privacy=central", "privacy.noise_multiplier=0", "privacy.payload_clip=2"]
+    cfg, strategy, grid, record, arrays = start(["strategy=fedproto",
+                                                 "strategy.prototype_mean=plain", *private])
+    replies = list(grid.send_and_receive(strategy.configure_train(1, arrays, record, grid)))
+    silent = replies[0].metadata.src_node_id
+    assert strategy.aggregate_train(1, replies[1:])[0] is not None
+    terms = plain_payloads(["strategy=fedproto", "strategy.prototype_mean=plain"],
+                           FEATURE_PROTOTYPES)
+    total = sum(clipped(t, 2.0)[0] for n, t in terms.items() if n != silent)
+    held = holders(strategy.histograms, list(terms), strategy.num_classes)
+    expected, present = from_sum(total, held)
+    np.testing.assert_allclose(strategy.prototypes, expected, atol=1e-6)
+    np.testing.assert_array_equal(strategy.present, present)
+
+
+# -- through SecAgg+ --------------------------------------------------------------------------
+def test_scaffold_through_secagg_moves_c_by_the_sum_of_the_control_deltas(fmnist_available,
+                                                                         server_task):
+    """Without DP each client weighs its example count in SecAgg+; its Delta c_k still enters
+    c once (the payload-scale undoes the weight). Exact within SecAgg+'s quantisation."""
+    cfg, strategy, grid, record, arrays = start(["strategy=scaffold", "secagg=secaggplus"],
+                                                RecordingGrid)
+    assert secure_train_round(strategy, grid, cfg.secagg, 1, arrays, record, 60) is not None
+    assert strategy.report.clients == CLIENTS and strategy.report.refused_state == []
+    for stage, msg in grid.sent:  # the control deltas never travel in the clear
+        assert CONTROL_DELTA not in msg.content.array_records
+    for stage, reply in grid.replies:
+        assert CONTROL_DELTA not in reply.content.array_records
+    terms = plain_payloads(["strategy=scaffold"], CONTROL_DELTA)
+    expected = sum(np.concatenate([c.ravel() for c in t]) for t in terms.values()) / CLIENTS
+    control = np.concatenate([strategy.control[k].ravel() for k in sorted(strategy.control)])
+    level = 2 * cfg.secagg.clipping_range / cfg.secagg.quantization_range
+    bound = CLIENTS * CLIENTS * level / CLIENTS + 1e-6  # a level per client, times m, over K
+    assert np.abs(control - expected).max() <= bound
+    assert np.abs(expected).max() > 100 * bound  # it moved
+
+
+def test_fedcsd_prototypes_through_secagg_and_distributed_dp_after_a_dropout(
+        fmnist_available, server_task):
+    """prototypes=previous under privacy=distributed (no noise, to compare) and SecAgg+: P_G is
+    the survivors' clipped P_k summed, over the holders among the clients sent a message."""
+    drop = 101
+    overrides = ["strategy=fedcsd", "strategy.prototypes=previous"]
+    private = ["secagg=secaggplus", "privacy=distributed", "privacy.noise_multiplier=0",
+               "privacy.payload_clip=0.5"]
+    cfg, strategy, grid, record, arrays = start([*overrides, *private], RecordingGrid, drop=drop)
+    assert secure_train_round(strategy, grid, cfg.secagg, 1, arrays, record, 60,
+                              unweighted=True) is not None
+    assert strategy.report.clients == CLIENTS - 1
+    terms = plain_payloads(overrides, PROTOTYPES)
+    assert all(l2(t) > 0.5 for t in terms.values())  # the clip bites
+    total = sum(clipped(t, 0.5)[0] for n, t in terms.items() if n != drop)
+    expected, present = from_sum(total, holders(strategy.histograms, list(terms), 10))
+    level = 2 * cfg.secagg.clipping_range / cfg.secagg.quantization_range
+    assert np.abs(strategy.prototypes - expected).max() <= CLIENTS * CLIENTS * level + 1e-5
+    np.testing.assert_array_equal(strategy.present, present)
+
+
+def test_the_payload_clip_defaults_to_the_methods_own():
+    assert check_experiment(compose(["privacy=central", "strategy=scaffold"])
+                            ).privacy.payload_clip == 1.0
+    assert check_experiment(compose(["privacy=central", "strategy=fedproto",
+                                     "strategy.prototype_mean=plain"])).privacy.payload_clip == 10
+    assert check_experiment(compose(["privacy=central", "strategy=scaffold",
+                                     "privacy.payload_clip=0.3"])).privacy.payload_clip == 0.3
+    assert check_experiment(compose(["privacy=central"])).privacy.payload_clip is None
+
+
+def test_the_plan_says_what_the_payload_costs(capsys):
+    cfg = check_experiment(compose(["privacy=central", "strategy=scaffold", "num_clients=10"]))
+    private = PrivateMean(cfg.privacy, num_clients=10, per_round=10,
+                          payload="SCAFFOLD's control deltas")
+    plan = private.plan(5, secure_sum=False)
+    assert ("SCAFFOLD's control deltas clipped to privacy.payload_clip=1 per client, their sum "
+            "noised by 1 x 1; epsilon composes both sums") in plan
+    assert copy.deepcopy(private).epsilon(5) == private.epsilon(5)
