@@ -250,18 +250,20 @@ def test_a_private_run_reports_epsilon_and_stops_at_its_budget(tmp_path, fmnist_
 
 def test_driftfl_run_with_secaggplus_trains_through_flowers_secure_aggregation(
         tmp_path, fmnist_available):
-    """secagg=secaggplus with privacy=distributed in a real simulation: every round's training
-    runs through SecAgg+'s four stages; the clients clip and noise their updates, and the server
-    receives masked vectors, never a model (no array comes back). (secagg alone runs through
-    real SuperNodes in test_e2e_deployment.py.)"""
+    """secagg=secaggplus with privacy=distributed in a real simulation, with SCAFFOLD: every
+    round's training runs through SecAgg+'s four stages; the clients clip and noise their
+    updates and their control deltas, and the server receives masked vectors, never a model
+    or a control delta (no array comes back), yet c moves. (secagg alone runs through real
+    SuperNodes in test_e2e_deployment.py.)"""
     run_dir = tmp_path / "run"
     out = subprocess.run([driftfl_bin(), "run", "secagg=secaggplus", "privacy=distributed",
-                          "privacy.noise_multiplier=0.01", "model=mlp",
+                          "strategy=scaffold", "privacy.noise_multiplier=0.01", "model=mlp",
                           "dataset.subset=2000", "dataset.test_subset=1000", "num_clients=3",
                           "rounds=2", f"hydra.run.dir={run_dir}"],
                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "privacy: DP-FedAvg (distributed)" in out.stdout
+    assert "SCAFFOLD's control deltas clipped to privacy.payload_clip=" in out.stdout
     assert "without secure aggregation" not in out.stdout
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "completed"
@@ -272,6 +274,7 @@ def test_driftfl_run_with_secaggplus_trains_through_flowers_secure_aggregation(
         assert row["clients"] == 3 and row["model_updated"] == 1 and row["rejected"] == 0
         assert row.get("bytes_up_arrays", 0) == 0 and row["bytes_up_other"] > 0  # masked
         assert row["num_examples"] == 2000  # the metrics, in the clear
+        assert row["server_control_norm"] > 0  # c moved by the secure sum of the deltas
     assert 0 < rows[1]["epsilon"] < rows[2]["epsilon"]
     config = yaml.safe_load((run_dir / "config.yaml").read_text())
     assert config["secagg"]["name"] == "secaggplus"

@@ -227,11 +227,11 @@ def test_fedcsd_prototypes_through_secagg_and_distributed_dp_after_a_dropout(
 
 def test_the_payload_clip_defaults_to_the_methods_own():
     assert check_experiment(compose(["privacy=central", "strategy=scaffold"])
-                            ).privacy.payload_clip == 1.0
+                            ).privacy.payload_clip == 0.3
     assert check_experiment(compose(["privacy=central", "strategy=fedproto",
                                      "strategy.prototype_mean=plain"])).privacy.payload_clip == 10
     assert check_experiment(compose(["privacy=central", "strategy=scaffold",
-                                     "privacy.payload_clip=0.3"])).privacy.payload_clip == 0.3
+                                     "privacy.payload_clip=0.7"])).privacy.payload_clip == 0.7
     assert check_experiment(compose(["privacy=central"])).privacy.payload_clip is None
 
 
@@ -240,6 +240,6 @@ def test_the_plan_says_what_the_payload_costs(capsys):
     private = PrivateMean(cfg.privacy, num_clients=10, per_round=10,
                           payload="SCAFFOLD's control deltas")
     plan = private.plan(5, secure_sum=False)
-    assert ("SCAFFOLD's control deltas clipped to privacy.payload_clip=1 per client, their sum "
-            "noised by 1 x 1; epsilon composes both sums") in plan
+    assert ("SCAFFOLD's control deltas clipped to privacy.payload_clip=0.3 per client, their sum "
+            "noised by 1 x 0.3; epsilon composes both sums") in plan
     assert copy.deepcopy(private).epsilon(5) == private.epsilon(5)

@@ -46,7 +46,7 @@ VERSION = 2  # 1 was the pickle of earlier driftfl, refused unread
 # strategy attributes that belong to one round (the replies, the round's report) or to one
 # process (the roster holds the grid): made afresh, never saved
 TRANSIENT = frozenset({"roster", "connected", "train_messages", "last_updates",
-                       "report"})
+                       "report", "payload_sum"})
 KEYS = ("format", "version", "round", "config", "arrays", "strategy", "rng", "rows",
         "recorded", "seconds")
 ROW_NUMBERS = ("round", "test_accuracy", "test_loss", "model_updated", "bytes_sent",

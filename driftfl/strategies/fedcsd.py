@@ -100,7 +100,7 @@ class FedCSD(EMATeacher):
     provides = frozenset({TEACHER, PROTOTYPES})
     payload_record = PROTOTYPES  # with prototypes=previous
     payload_words = "FedCSD's class prototypes"
-    payload_clip = 10.0
+    payload_clip = 5.0
 
     def __init__(self, *, source: str, num_classes: int, **kwargs):
         super().__init__(**kwargs)

@@ -93,7 +93,7 @@ class Scaffold(DriftStrategy):
     provides = frozenset({CONTROL})
     payload_record = CONTROL_DELTA
     payload_words = "SCAFFOLD's control deltas"
-    payload_clip = 1.0
+    payload_clip = 0.3
 
     def __init__(self, *, param_keys: tuple[str, ...], num_clients: int, lr: float,
                  momentum: float, divisor: str = "effective", **kwargs):
