@@ -5,9 +5,10 @@
 # and 2, on Fashion-MNIST Dir(0.5) with 100 clients, 20 per round (sampling rate 0.2), LeNet-5,
 # 30 rounds, seeds 0-2: 36 runs of about 3 minutes alone (6 with two at a time on 2 cores).
 # Then the methods whose payload DP covers beside the update (SCAFFOLD's control deltas, the
-# prototypes of FedProto with prototype_mean=plain and of FedCSD with prototypes=previous; their
-# default privacy.payload_clip), without DP and at noise multipliers 1 and 1.41 (two Gaussian
-# releases a round: 1.41 spends the epsilon one release spends at 1): 27 runs more.
+# prototypes of FedProto with prototype_mean=plain and of FedCSD with prototypes=previous,
+# FedCurv's Fisher terms; their default privacy.payload_clip), without DP and at noise
+# multipliers 1 and 1.41 (two Gaussian releases a round: 1.41 spends the epsilon one release
+# spends at 1): 36 runs more.
 #
 # Each finished run's small files (config.yaml, meta.json, metrics.json, metrics.csv,
 # summary.json) are kept under docs/results/dp-accuracy/<method>_<noise>/seed<k>; a run kept
@@ -23,7 +24,7 @@ export OUT KEEP=docs/results/dp-accuracy FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALL
   for seed in 0 1 2; do for method in fedavg fedprox fedntd; do for noise in none 0.5 1.0 2.0; do
     echo "$method $noise $seed"
   done; done; done
-  for seed in 0 1 2; do for method in scaffold fedproto-plain fedcsd-previous; do
+  for seed in 0 1 2; do for method in scaffold fedproto-plain fedcsd-previous fedcurv; do
     for noise in none 1.0 1.41; do echo "$method $noise $seed"; done
   done; done
 } | xargs -P "$JOBS" -L 1 bash -c '

@@ -46,6 +46,7 @@ from driftfl.common.condensation import CondensationSettings  # noqa: E402
 from driftfl.common.config import compose  # noqa: E402
 from driftfl.common.evaluation import evaluate  # noqa: E402
 from driftfl.common.models import build_model  # noqa: E402
+from driftfl.common.privacy import PrivacySettings, SecAggSettings  # noqa: E402
 from driftfl.common.protocol import (CLASS_PHI, CONFIG, CONTROL, CREDIBILITY,  # noqa: E402
                                      FEATURE_PROTOTYPES, FISHER_PENALTY, PROTOTYPES,
                                      PROTOTYPES_IN_REPLY, PROXIMAL_MU, TEACHER, load_arrays)
@@ -56,7 +57,8 @@ from driftfl.strategies.aux_set import AuxSet  # noqa: E402
 CLASSES, SHAPE, SAMPLES = 4, (1, 16, 16), 64
 MLP = {"name": "mlp", "hidden": [32, 16], "projection": 8}  # projection: MOON's head
 EXPERIMENT = SimpleNamespace(local_epochs=2, batch_size=16, lr=0.05, momentum=0.9,
-                             weight_decay=1e-4)
+                             weight_decay=1e-4, privacy=PrivacySettings(),
+                             secagg=SecAggSettings())
 # every registered objective needs its settings here: one missing fails the check
 PARAMS = {
     "ce": {}, "prox": {"mu": 0.1},

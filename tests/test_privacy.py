@@ -175,8 +175,8 @@ def test_the_strategy_takes_the_dp_mean_and_the_round_count_of_the_sample(fmnist
      "strategy.prototypes=previous"),
     (["privacy=central", "strategy=fedproto"], "strategy.prototype_mean=weighted weighs each "
      "client's prototypes by its own class counts"),
-    (["privacy=distributed", "strategy=fedcurv"], "its clients' Fisher terms, which it keeps "
-     "per node and resends to all in every round would reach the server without clipping"),
+    (["privacy=distributed", "strategy=feddyn"], "its h, a running sum of every client's own "
+     "unclipped model would reach the server without clipping"),
     (["privacy=central", "privacy.payload_clip=3"], "privacy.payload_clip means nothing with "
      "strategy=fedavg"),
     (["privacy=central", "strategy=dcfl"], "condensed images"),

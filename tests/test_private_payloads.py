@@ -243,3 +243,83 @@ def test_the_plan_says_what_the_payload_costs(capsys):
     assert ("SCAFFOLD's control deltas clipped to privacy.payload_clip=0.3 per client, their sum "
             "noised by 1 x 0.3; epsilon composes both sums") in plan
     assert copy.deepcopy(private).epsilon(5) == private.epsilon(5)
+
+
+def test_fedcurv_through_secagg_keeps_totals_and_each_node_takes_its_own_terms_out(
+        fmnist_available, server_task):
+    """Under SecAgg+ the server holds only P_all = sum_k F_k and Q_all = sum_k F_k w_k (the
+    round's masked sum of each node's change of terms); the next train message carries them
+    with the round whose terms of the node they hold, and the node's own objective takes its
+    terms out: P = P_all - F_k, Q = Q_all - F_k w_k, the plain method's 'everyone but me'."""
+    from driftfl.client.job import ClientJob
+    from driftfl.client.objectives import build_objective
+    from driftfl.common.protocol import ARRAYS, FISHER, FISHER_PENALTY, INCLUDED_ROUND
+
+    cfg, strategy, grid, record, arrays = start(["strategy=fedcurv", "secagg=secaggplus"],
+                                                RecordingGrid)
+    assert strategy.summed and not strategy.fisher
+    new = secure_train_round(strategy, grid, cfg.secagg, 1, arrays, record, 60)
+    assert new is not None and strategy.report.refused_state == []
+    assert strategy.included == {n: 1 for n in grid.contexts}
+    for stage, reply in grid.replies:  # no Fisher term travels in the clear
+        assert not {FISHER, "fisher-delta"} & set(reply.content.array_records)
+    # the plain method's terms of the same round (the clients train deterministically)
+    _, plain, plain_grid, plain_record, _ = start(["strategy=fedcurv"])
+    plain.aggregate_train(1, plain_grid.send_and_receive(plain.configure_train(
+        1, arrays, plain_record, plain_grid)))
+    assert len(plain.fisher) == CLIENTS
+    level = 2 * cfg.secagg.clipping_range / cfg.secagg.quantization_range
+    bound = CLIENTS * CLIENTS * level + 1e-7
+    for k in plain.param_keys:
+        assert np.abs(strategy.totals_f[k] - sum(f[k] for f in plain.fisher.values())
+                      ).max() <= bound
+        assert np.abs(strategy.totals_g[k] - sum(g[k] for g in plain.weighted.values())
+                      ).max() <= bound
+    # round 2: node 101 is told its round-1 terms are in the totals and takes them out
+    messages = {m.metadata.dst_node_id: m for m in strategy.configure_train(2, new, record,
+                                                                           grid)}
+    knowledge = messages[101].content[FISHER_PENALTY]
+    assert int(knowledge[INCLUDED_ROUND].numpy()[0]) == 1
+    job = ClientJob.from_message(messages[101], grid.contexts[101])
+    model = job.model(ARRAYS)
+    objective = build_objective("curv", cfg.strategy, job)
+    objective.prepare(model, *job.tensors())
+    plain.totals = {k: (sum(f[k] for f in plain.fisher.values()),
+                        sum(g[k] for g in plain.weighted.values())) for k in plain.param_keys}
+    expected = plain.node_knowledge(2, 101)[FISHER_PENALTY]
+    for k in plain.param_keys:
+        want = expected[f"penalty.{k}"].numpy()
+        got = objective.penalty[k].numpy()
+        # up to the quantisation, where the noise-free total less its own term is positive
+        assert np.abs(got - np.clip(want, 0, None)).max() <= bound + 1e-6
+        assert np.abs(objective.anchor[k].numpy() - np.where(
+            got > 0, expected[f"anchor.{k}"].numpy(), 0.0)).max() <= bound + 1e-6
+
+
+def test_a_fedcurv_node_whose_change_was_not_summed_keeps_its_old_terms(fmnist_available,
+                                                                        server_task):
+    """A node that dropped out after sharing its keys: the totals lack its change, the server
+    says so (included-round -1), and the node drops what it had sent, takes nothing out, and
+    next sends its whole terms as the change."""
+    from driftfl.client.job import ClientJob
+    from driftfl.client.objectives import build_objective
+    from driftfl.client.objectives.curv import PENDING_STATE, SUMMED_STATE
+    from driftfl.common.protocol import ARRAYS, FISHER_PENALTY
+
+    drop = 101
+    cfg, strategy, grid, record, arrays = start(["strategy=fedcurv", "secagg=secaggplus"],
+                                                RecordingGrid, drop=drop)
+    new = secure_train_round(strategy, grid, cfg.secagg, 1, arrays, record, 60)
+    assert new is not None and drop not in strategy.included and len(strategy.included) == 2
+    assert PENDING_STATE in grid.contexts[drop].state.array_records  # it sent a change
+    messages = {m.metadata.dst_node_id: m for m in strategy.configure_train(2, new, record,
+                                                                           grid)}
+    job = ClientJob.from_message(messages[drop], grid.contexts[drop])
+    objective = build_objective("curv", cfg.strategy, job)
+    objective.prepare(job.model(ARRAYS), *job.tensors())
+    assert SUMMED_STATE not in grid.contexts[drop].state.array_records
+    assert all(not v.any() for v in objective.kept.values())
+    totals = messages[drop].content[FISHER_PENALTY]
+    for k in strategy.param_keys:  # the totals, the others' terms only, as they are
+        np.testing.assert_array_equal(objective.penalty[k].numpy(),
+                                      np.clip(totals[f"penalty.{k}"].numpy(), 0, None))

@@ -266,8 +266,6 @@ def test_plain_messages_pass_the_secagg_mods_untouched(server_task):
      "prototype phase before training"),
     (["strategy=fedproto"], "with strategy=fedproto: strategy.prototype_mean=weighted weighs "
      "each client's prototypes by its own class counts"),
-    (["strategy=fedcurv"], "with strategy=fedcurv: its clients' Fisher terms, which it keeps "
-     "per node"),
     (["strategy=dcfl"], "with strategy=dcfl: its clients' condensed images"),
     (["strategy=feddyn"], "with strategy=feddyn: its h, a running sum of every client's own "
      "unclipped model would reach the server unprotected"),

@@ -6,8 +6,8 @@
   from the experiment's seed: the server knows the seed, and noise it could regenerate would
   protect nothing.
 - a method's payload that the server takes as a sum (``SUMMED``: SCAFFOLD's control delta,
-  FedProto's and FedCSD's class prototypes) gets the same under ``distributed``: clipped to
-  ``privacy.payload_clip`` C_p, plus N(0, (sigma C_p)^2 / m).
+  FedCurv's change of Fisher terms, FedProto's and FedCSD's class prototypes) gets the same
+  under ``distributed``: clipped to ``privacy.payload_clip`` C_p, plus N(0, (sigma C_p)^2 / m).
 - under any privacy setting the reply's metrics are cut to what the server's checks need and
   the data survey disclosed already (examples, local steps): a training loss or a logit shift
   per client is a release about the client's data that no noise covers.

@@ -12,10 +12,10 @@ that fit it to driftfl's train handler.
   whole model might not), its weight (the example count; under differential privacy every
   client the weight 1, since DP-FedAvg averages unweighted), and the
   metrics record kept in the clear. A method's payload that the server takes as a sum
-  (``SUMMED``: SCAFFOLD's control delta, the class prototypes) rides in the same masked
-  vector, after the update, times the round's ``payload-scale`` over the client's weight:
-  SecAgg+'s weighted sum then holds each payload term over the round's m clients. The full
-  model, and any other record, never leaves.
+  (``SUMMED``: SCAFFOLD's control delta, FedCurv's Fisher terms, the class prototypes) rides in
+  the same masked vector, after the update, times the round's ``payload-scale`` over the
+  client's weight: SecAgg+'s weighted sum then holds each payload term over the round's m
+  clients. The full model, and any other record, never leaves.
 """
 
 from __future__ import annotations

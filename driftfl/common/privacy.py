@@ -36,8 +36,9 @@ class PrivacySettings(Settings):
     # stop the run, with one line, before a round would take epsilon past this; None: no budget
     target_epsilon: float | None = Field(None, gt=0)
     # C_p: the L2 norm each client's method payload is clipped to, where the method sends one
-    # (SCAFFOLD's control delta, the class prototypes of FedProto and FedCSD); None: the
-    # method's own default (its strategy's ``payload_clip``), filled in when checked
+    # (SCAFFOLD's control delta, FedCurv's Fisher terms, FedProto's and FedCSD's class
+    # prototypes); None: the method's own default (its strategy's ``payload_clip``), filled in
+    # when checked
     payload_clip: float | None = Field(None, gt=0)
 
     @model_validator(mode="after")

@@ -69,6 +69,12 @@ CLASS_PHI = "class-phi"  # FedCAD with alpha_source=aux: arrays "phi" (C,), E_{x
 # the reply's "fisher" holds the node's diagonal Fisher F_k, one array per parameter name
 FISHER_PENALTY = "fisher-penalty"
 FISHER = "fisher"
+# FedCurv under privacy or secagg (fedcurv.py): the reply's "fisher-delta" holds what the node's
+# terms changed since those the server's totals hold of it, "F.<param>" (F_k) and "G.<param>"
+# (F_k * w_k); the train message's "fisher-penalty" then holds the totals as "penalty.<param>"
+# and "anchor.<param>", and "included-round" (1,): the round whose terms of this node they hold
+FISHER_DELTA = "fisher-delta"
+INCLUDED_ROUND = "included-round"
 
 # FedProto: the train message's "feature-prototypes" (from round 2) holds "prototypes" (C, d),
 # the global per-class mean features P_G, and "present" (C,) bool, the classes that have one; the
@@ -138,7 +144,7 @@ def load_arrays(model: nn.Module, arrays: ArrayRecord) -> None:
 # payload): privacy clips and noises them as it does the update (to privacy.payload_clip),
 # secure aggregation masks them beside it. Record -> its arrays summed, in this order (None:
 # all of them, sorted by name).
-SUMMED: dict[str, tuple[str, ...] | None] = {CONTROL_DELTA: None,
+SUMMED: dict[str, tuple[str, ...] | None] = {CONTROL_DELTA: None, FISHER_DELTA: None,
                                              FEATURE_PROTOTYPES: ("prototypes",),
                                              PROTOTYPES: ("prototypes",)}
 

@@ -17,6 +17,15 @@ screens alone bound them); else every node keeps its old terms, the round's aggr
 FedAvg, which passed its own checks) is still used, and the refusal is recorded in
 ``RoundReport.refused_state``. Robust aggregations change nothing here: each node's terms are
 kept apart, not averaged, and the screens bound each one against its peers.
+
+Under privacy or secure aggregation (``summed``) the server may hold no node's terms, only
+totals: each accepted reply brings the change of its node's terms since those the totals hold
+(``fisher-delta``: F and F * w, clipped to privacy.payload_clip and noised under privacy,
+masked under SecAgg+), the totals P_all, Q_all grow by the round's (noised) sum of the changes,
+and ``included`` records, per node, the round whose terms the totals now hold. Each train
+message carries the totals and that round; the node takes its own terms out itself
+(client/objectives/curv.py). Without noise this is the same method: P_all and Q_all are the
+sums over every node's latest accepted terms. Under DP each round's noise stays in the totals.
 """
 
 from __future__ import annotations
@@ -24,7 +33,7 @@ from __future__ import annotations
 import numpy as np
 from flwr.app import Array, ArrayRecord
 
-from driftfl.common.protocol import FISHER, FISHER_PENALTY
+from driftfl.common.protocol import FISHER, FISHER_DELTA, FISHER_PENALTY, INCLUDED_ROUND
 
 from . import guard
 from .aggregation import model_norm
@@ -61,14 +70,17 @@ class FedCurv(DriftStrategy):
     """``param_keys``: the model's trainable parameters (its other arrays are buffers)."""
 
     provides = frozenset({FISHER_PENALTY})
-    # the server keeps each node's latest terms and sends the others their sum in every round,
-    # sampled or not: no per-round clipped, noised or masked sum can stand in for them
-    unprotected = ("its clients' Fisher terms, which it keeps per node and resends to all in "
-                   "every round")
+    payload_record = FISHER_DELTA  # under privacy or secagg
+    payload_words = "FedCurv's Fisher term changes"
+    payload_clip = 1.0
 
-    def __init__(self, *, param_keys: frozenset[str], **kwargs):
+    def __init__(self, *, param_keys: frozenset[str], summed: bool = False, **kwargs):
         super().__init__(**kwargs)
         self.param_keys = param_keys
+        self.summed = summed  # privacy or secagg: totals only (above)
+        self.totals_f: dict[str, np.ndarray] = {}  # summed: P_all, Q_all by parameter
+        self.totals_g: dict[str, np.ndarray] = {}
+        self.included: dict[int, int] = {}  # summed: node -> the round its terms are from
         self.fisher: dict[int, dict[str, np.ndarray]] = {}  # node -> F_k
         self.weighted: dict[int, dict[str, np.ndarray]] = {}  # node -> F_k * w_k
         self.checked: dict[int, dict[str, np.ndarray]] = {}  # this round's checked F_k
@@ -76,19 +88,33 @@ class FedCurv(DriftStrategy):
         self.totals: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # key -> the sums of both
 
     @classmethod
-    def arguments(cls, settings, *, model, aux_set, **_):
+    def arguments(cls, settings, *, model, aux_set, experiment, **_):
         return {"param_keys": frozenset(k for k, p in model.named_parameters()
-                                        if p.requires_grad)}
+                                        if p.requires_grad),
+                "summed": experiment.privacy.enabled or experiment.secagg.enabled}
+
+    @property
+    def sends_payload(self) -> bool:
+        return self.summed
+
+    def payload(self) -> dict[str, tuple[int, ...]]:
+        if not self.summed:
+            return {}
+        return {name: self.global_arrays[name[2:]].shape for name in sorted(
+            f"{part}.{k}" for part in "FG" for k in self.param_keys)}
 
     def rekey(self, moved: dict[int, int]) -> None:
+        self.included = {moved.get(n, n): r for n, r in self.included.items()}
         self.fisher = {moved.get(n, n): f for n, f in self.fisher.items()}
         self.weighted = {moved.get(n, n): g for n, g in self.weighted.items()}
         self.norms = {moved.get(n, n): v for n, v in self.norms.items()}
 
     def reject(self, update) -> str | None:
         reason = super().reject(update)
-        if reason:
+        if reason or (self.summed and not update.arrays):  # masked: the change is in the sum
             return reason
+        if self.summed:
+            return self.check_change(update)
         fisher = check_fisher(update.message.content.array_records.get(FISHER),
                               {k: self.global_arrays[k] for k in self.param_keys})
         if isinstance(fisher, str):
@@ -96,7 +122,27 @@ class FedCurv(DriftStrategy):
         self.checked[update.node_id] = fisher
         return None
 
+    def check_change(self, update) -> str | None:
+        """A summed reply's change of terms: the payload's names and shapes, finite, and under
+        privacy=distributed within its clip and noise (central: the server clips it)."""
+        record = update.message.content.array_records.get(FISHER_DELTA)
+        shapes = self.payload()
+        if record is None or set(record.keys()) != set(shapes):
+            return f"reply lacks the '{FISHER_DELTA}' record of the model's parameters"
+        terms = []
+        for name, shape in shapes.items():
+            try:
+                value = record[name].numpy()
+            except Exception as err:  # unreadable bytes
+                return f"'{FISHER_DELTA}' array '{name}' cannot be read: {err!r}"
+            if value.shape != shape or value.dtype.kind != "f" or not np.isfinite(value).all():
+                return f"'{FISHER_DELTA}' array '{name}' is not finite {list(shape)} floats"
+            terms.append(value)
+        return self.private.reject_payload(terms, len(self.trained)) if self.private else None
+
     def screen(self, updates):
+        if self.summed:  # the clip bounds each change (without privacy: nothing to see)
+            return updates
         # F_k is quadratic in the gradients: honest non-IID clients' norms spread as the
         # square of their updates' (13x seen among three CNN clients), hence max_peer_ratio^2
         size = lambda u: model_norm(self.checked[u.node_id])
@@ -112,10 +158,18 @@ class FedCurv(DriftStrategy):
 
     def configure_train(self, server_round, arrays, config, grid):
         # the sums over every node's latest terms, once a round
-        self.totals = sums(self.fisher, self.weighted, self.param_keys)
+        self.totals = {} if self.summed else sums(self.fisher, self.weighted, self.param_keys)
         return super().configure_train(server_round, arrays, config, grid)
 
     def node_knowledge(self, server_round: int, node: int) -> dict:
+        if self.summed:  # the totals, and which of this node's terms they hold
+            if not self.totals_f:
+                return {}
+            arrays = {f"{name}.{k}": Array(np.asarray(totals[k], np.float32))
+                      for name, totals in (("penalty", self.totals_f), ("anchor", self.totals_g))
+                      for k in sorted(self.param_keys)}
+            arrays[INCLUDED_ROUND] = Array(np.array([self.included.get(node, -1)], np.int64))
+            return {FISHER_PENALTY: ArrayRecord(arrays)}
         if not self.fisher:  # nobody's terms yet (round 1)
             return {}
         own_f, own_g = self.fisher.get(node), self.weighted.get(node)
@@ -131,6 +185,9 @@ class FedCurv(DriftStrategy):
         self.checked = {}
         arrays, metrics = super().aggregate_train(server_round, replies)
         if arrays is None:
+            return arrays, metrics
+        if self.summed:
+            self.add_changes(server_round)
             return arrays, metrics
         # the accepted replies' terms, kept only if the sums they make are sane
         fisher, weighted = dict(self.fisher), dict(self.weighted)
@@ -151,6 +208,24 @@ class FedCurv(DriftStrategy):
             self.norms.update({u.node_id: model_norm(self.checked[u.node_id])
                                for u in self.last_updates})
         return arrays, metrics
+
+
+    def add_changes(self, server_round: int) -> None:
+        """The totals plus the round's (noised) sum of the changes, if sane; the nodes summed
+        then have this round's terms in them."""
+        zeros = {k: np.zeros(self.global_arrays[k].shape) for k in self.param_keys}
+        old_f, old_g = self.totals_f or zeros, self.totals_g or zeros
+        new_f = {k: old_f[k] + self.payload_sum[f"F.{k}"] for k in self.param_keys}
+        new_g = {k: old_g[k] + self.payload_sum[f"G.{k}"] for k in self.param_keys}
+        flat = lambda f, g: {**{f"F.{k}": v for k, v in f.items()},
+                             **{f"G.{k}": v for k, v in g.items()}}
+        problem = self.state_problem(flat(new_f, new_g), flat(old_f, old_g) if self.totals_f
+                                     else None, self.payload_floor(1))
+        if problem:
+            self.refuse_state(server_round, "FedCurv's Fisher sums", problem)
+            return
+        self.totals_f, self.totals_g = new_f, new_g
+        self.included.update({u.node_id: server_round for u in self.last_updates})
 
 
 def sums(fisher: dict[int, dict[str, np.ndarray]], weighted: dict[int, dict[str, np.ndarray]],

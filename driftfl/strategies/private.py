@@ -10,10 +10,11 @@ would run; they average by example count, where a client's weight would be its o
 sensitivity; and they cover the model's arrays only. Flower's clipping primitive and
 dp-accounting are reused; the glue is here.
 
-A method's payload that the server takes as a sum (SCAFFOLD's control deltas, the class
-prototypes of FedProto and FedCSD) is the round's second Gaussian release: each client's term
-is clipped to privacy.payload_clip C_p (by the server, or by the client) and the sum gets noise
-sigma C_p; the accountant composes the two inside the sampled round (``parts``).
+A method's payload that the server takes as a sum (SCAFFOLD's control deltas, FedCurv's
+changes of Fisher terms, the class prototypes of FedProto and FedCSD) is the round's second
+Gaussian release: each client's term is clipped to privacy.payload_clip C_p (by the server, or
+by the client) and the sum gets noise sigma C_p; the accountant composes the two inside the
+sampled round (``parts``).
 """
 
 from __future__ import annotations

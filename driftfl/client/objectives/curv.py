@@ -9,6 +9,14 @@ After training the client replies F_k, its diagonal Fisher at its trained model 
 Reading (docs/algorithms.md): F_k is the mean over the local data's minibatches (in order, the
 experiment's batch size) of the squared minibatch gradient of the cross-entropy, as the FedNTD
 and OpenFL code compute it; the server forms F_k * w_k itself from the reply's checked model.
+
+Under privacy or secure aggregation the server holds only the totals over every node's latest
+summed terms (strategies/fedcurv.py), so the node keeps the terms the totals hold of it
+(``SUMMED_STATE``) and takes them out itself: P = totals_F - F_kept, Q = totals_G - G_kept
+(where noise leaves P <= 0, both are 0: a negative curvature would push the weights away).
+It replies the change of its terms, (F_k - F_kept, F_k w_k - G_kept), clipped to
+privacy.payload_clip under privacy, and keeps kept + that change as pending; the next train
+message's "included-round" says whether the totals took it.
 """
 
 from __future__ import annotations
@@ -19,10 +27,14 @@ import torch.nn.functional as F
 from flwr.app import Array, ArrayRecord
 from pydantic import Field
 
-from driftfl.common.protocol import FISHER, FISHER_PENALTY
+from driftfl.common.privacy import clip_update
+from driftfl.common.protocol import FISHER, FISHER_DELTA, FISHER_PENALTY, INCLUDED_ROUND
 from driftfl.common.settings import Settings
 
+from ..state import keep, recall
 from .base import Batch, Objective
+
+SUMMED_STATE, PENDING_STATE = "curv.summed", "curv.pending"  # "F.<param>", "G.<param>", round
 
 
 def curvature_penalty(params: dict[str, torch.Tensor], penalty: dict[str, torch.Tensor],
@@ -63,17 +75,43 @@ class Curv(Objective):
         super().__init__(settings, job)
         self.weight = settings.lam
 
+    @property
+    def summed(self) -> bool:
+        """Privacy or secure aggregation: the server holds totals, not each node's terms."""
+        exp = self.job.experiment if self.job is not None else None
+        return exp is not None and (exp.privacy.enabled or exp.secagg.enabled)
+
     def prepare(self, model, x, y) -> None:
         self.params = {k: p for k, p in model.named_parameters() if p.requires_grad}
         self.penalty = self.anchor = None
         content = self.job.message.content if self.job is not None else {}
+        self.kept = self.own_terms(content, x.device) if self.summed else None
         if FISHER_PENALTY in content:  # none in a node's first round
             record = content[FISHER_PENALTY]
             self.penalty = {k: torch.from_numpy(np.array(record[f"penalty.{k}"].numpy()))
                             .to(x.device) for k in self.params}
             self.anchor = {k: torch.from_numpy(np.array(record[f"anchor.{k}"].numpy()))
                            .to(x.device) for k in self.params}
+            if self.kept is not None:  # the totals less this node's own terms
+                for k in self.params:
+                    penalty = self.penalty[k] - self.kept[f"F.{k}"]
+                    self.anchor[k] = torch.where(penalty > 0,
+                                                 self.anchor[k] - self.kept[f"G.{k}"], 0.0)
+                    self.penalty[k] = penalty.clamp(min=0.0)
         self.x, self.y = x, y
+
+    def own_terms(self, content, device) -> dict[str, torch.Tensor]:
+        """The terms the server's totals hold of this node: the pending ones if the message
+        says the totals took them (then they are kept), else those kept before (zero at first)."""
+        context = self.job.context
+        pending = recall(context, PENDING_STATE, device)
+        included = (int(content[FISHER_PENALTY][INCLUDED_ROUND].numpy()[0])
+                    if FISHER_PENALTY in content else -1)
+        if pending is not None and int(pending.pop("round")[0]) == included:
+            keep(context, SUMMED_STATE, pending)
+        kept = recall(context, SUMMED_STATE, device)
+        return kept if kept is not None else {
+            f"{part}.{k}": torch.zeros_like(p) for part in "FG" for k, p in self.params.items()}
 
     def term(self, batch: Batch) -> torch.Tensor | None:
         if self.penalty is None:
@@ -83,10 +121,26 @@ class Curv(Objective):
     def after_training(self, model, stats) -> None:
         batch_size = self.job.experiment.batch_size if self.job is not None else 64
         self.fisher = diagonal_fisher(model, self.x, self.y, batch_size)
+        if self.kept is not None:  # the change of this node's terms, clipped under privacy
+            terms = {**{f"F.{k}": f for k, f in self.fisher.items()},
+                     **{f"G.{k}": f * self.params[k].detach() for k, f in self.fisher.items()}}
+            names = sorted(terms)
+            change = [(terms[n] - self.kept[n]).double().cpu().numpy() for n in names]
+            privacy = self.job.experiment.privacy
+            if privacy.enabled:
+                clip_update(change, privacy.payload_clip, in_place=True)
+            self.change = {n: torch.from_numpy(c.astype(np.float32)) for n, c in
+                           zip(names, change)}
+            keep(self.job.context, PENDING_STATE, {
+                **{n: self.kept[n].cpu() + c for n, c in self.change.items()},
+                "round": torch.tensor([self.job.server_round])})
 
     def diagnostics(self) -> dict[str, float]:
         return {"fisher-mean": float(torch.cat([f.flatten() for f in self.fisher.values()])
                                      .mean())}
 
     def reply_records(self) -> dict:
+        if self.kept is not None:
+            return {FISHER_DELTA: ArrayRecord({n: Array(c.numpy())
+                                               for n, c in self.change.items()})}
         return {FISHER: ArrayRecord({k: Array(v.cpu().numpy()) for k, v in self.fisher.items()})}
