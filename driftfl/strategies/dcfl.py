@@ -321,7 +321,8 @@ class DCFL(DriftStrategy):
 
     def local_steps(self, update: ClientUpdate) -> int | None:
         """E_c epochs on the local data, then E_s on the images sent (mix: E_c on both)."""
-        local, received = self.local_training, self.sent_images.get(update.node_id, 0)
+        received = self.sent_images.get(update.node_id, 0)
+        local = self.plan.training(update.node_id, self.local_training)  # heterogeneity's epochs
         if local is None:
             return None
         if received and self.mix:
@@ -331,7 +332,7 @@ class DCFL(DriftStrategy):
     def steps_rule(self, update: ClientUpdate) -> str:
         received = self.sent_images.get(update.node_id, 0)
         if received and self.mix:
-            return self.local_training.in_words(
+            return self.plan.training(update.node_id, self.local_training).in_words(
                 f"its {update.num_examples:.12g} examples and the {received} images sent")
         return super().steps_rule(update) + (
             f", then {self.finetune.in_words(f'the {received} images sent')}"
