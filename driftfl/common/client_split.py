@@ -23,7 +23,7 @@ SPLIT_PURPOSE = 7  # the SeedSequence key's last entry: the split's own stream
 ACC_BEFORE, ACC_AFTER = "client-acc-before", "client-acc-after"
 
 
-def test_count(n: int, fraction: float) -> int:
+def held_out_count(n: int, fraction: float) -> int:
     """How many of n samples are held out: round(fraction n), at least 1, at most n - 1."""
     return min(n - 1, max(1, round(fraction * n)))
 
@@ -48,10 +48,10 @@ def held_out_split(labels: np.ndarray, fraction: float, seed: int, partition_id:
     check_splittable(n, fraction, f"partition {partition_id}")
     rng = np.random.default_rng(np.random.SeedSequence([seed, partition_id + 1, SPLIT_PURPOSE]))
     classes, counts = np.unique(labels, return_counts=True)
-    wanted = test_count(n, fraction) * counts / n
+    wanted = held_out_count(n, fraction) * counts / n
     per_class = np.floor(wanted).astype(int)
     # the seats left go to the largest remainders (ties: the rarer class last, then by label)
-    left = test_count(n, fraction) - per_class.sum()
+    left = held_out_count(n, fraction) - per_class.sum()
     order = sorted(range(len(classes)), key=lambda i: (-(wanted[i] - per_class[i]), -counts[i], i))
     for i in order[:left]:
         per_class[i] += 1

@@ -261,7 +261,7 @@ class RoundEvaluator:
                     "lost_partitions": " ".join(report.lost) if report else "",
                     "late_partitions": " ".join(report.late) if report else "",
                     **({"dropped_partitions": " ".join(report.dropped) if report else ""}
-                       if self.cfg.heterogeneity.enabled else {}),
+                       if self.strategy.plan.heterogeneity.enabled else {}),
                     "refused_state": "; ".join(report.refused_state) if report else "",
                     **traffic, "per_class_accuracy": per_class})
         # the server's own numbers last: nothing above may stand in for them
