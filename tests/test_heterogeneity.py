@@ -192,3 +192,52 @@ def test_the_config_group_composes_with_its_defaults():
     assert compose(["heterogeneity=stragglers"]).heterogeneity.stragglers == "partial"
     assert compose(["heterogeneity=dropout"]).heterogeneity.share == 0.2
     assert LOCAL_STEPS == "local-steps"
+
+
+# --- the real ClientApp, as a SuperNode runs it --------------------------------------------
+
+def client_train(node_cfg: dict, assignment: dict, overrides=()):
+    """One train message through the real ClientApp, with the server's assignment record."""
+    from flwr.app import Context, Message, RecordDict
+
+    from driftfl.client.app import app
+    from driftfl.common.protocol import (ARRAYS, CONFIG, DATASET_META, EXPERIMENT, METHOD,
+                                         SERVER_ROUND, model_to_arrays)
+    from test_node_boundary import FMNIST_META, TINY
+
+    cfg = compose([*TINY, "batch_size=64", *overrides])
+    model = build_model(cfg.model, FMNIST_META.shape, len(FMNIST_META.classes))
+    content = RecordDict({ARRAYS: model_to_arrays(model),
+                          CONFIG: ConfigRecord({EXPERIMENT: cfg.to_json(),
+                                                DATASET_META: FMNIST_META.to_json(),
+                                                SERVER_ROUND: 1, METHOD: "ce"}),
+                          ASSIGNMENT: ConfigRecord(assignment)})
+    message = Message(content, dst_node_id=7, message_type="train")
+    context = Context(run_id=1, node_id=7, node_config=node_cfg, state=RecordDict(),
+                      run_config={})
+    return app(message, context)
+
+
+NODE = {"dataset": "fmnist", "partition-id": 0, "num-partitions": 2}
+
+
+def test_a_real_client_takes_exactly_its_assigned_epochs_or_budget(fmnist_available,
+                                                                    server_task):
+    from driftfl.client.assignment import ACC_AFTER, ACC_BEFORE
+    from driftfl.common.protocol import METRICS, NUM_EXAMPLES
+
+    metrics = client_train(NODE, {ASSIGNED_EPOCHS: 3, ASSIGNED_MAX_STEPS: 0}).content[METRICS]
+    n = metrics[NUM_EXAMPLES]
+    assert metrics[LOCAL_STEPS] == 3 * -(-n // 64)  # E x ceil(n / B)
+    assert ACC_BEFORE not in metrics  # not asked for
+    budget = client_train(NODE, {ASSIGNED_EPOCHS: 3, ASSIGNED_MAX_STEPS: 5,
+                                 "client-eval": 1}, ["client_test_fraction=0.25"])
+    metrics = budget.content[METRICS]
+    assert metrics[LOCAL_STEPS] == 5 and metrics[NUM_EXAMPLES] == n - round(0.25 * n)
+    assert 0 <= metrics[ACC_BEFORE] <= 1 and 0 <= metrics[ACC_AFTER] <= 1
+
+
+def test_assigned_epochs_over_the_operators_cap_are_refused(server_task):
+    with pytest.raises(Exception, match="the assigned local epochs 4 exceeds this node's "
+                                        "max-local-epochs=3"):
+        client_train({**NODE, "max-local-epochs": 3}, {ASSIGNED_EPOCHS: 4})
