@@ -15,7 +15,6 @@ from driftfl.common.errors import ConfigError
 from driftfl.common.protocol import LOCAL_STEPS
 from driftfl.common.training import CrossEntropy, TrainSettings, train_locally
 from driftfl.common.models import build_model
-from driftfl.common.settings import validated
 from driftfl.strategies import FedAvg, FedNovaAggregation, Selection
 from driftfl.strategies.round_plan import RoundPlan
 from test_aggregation import GLOBAL, reply
@@ -223,7 +222,7 @@ NODE = {"dataset": "fmnist", "partition-id": 0, "num-partitions": 2}
 
 def test_a_real_client_takes_exactly_its_assigned_epochs_or_budget(fmnist_available,
                                                                     server_task):
-    from driftfl.client.assignment import ACC_AFTER, ACC_BEFORE
+    from driftfl.common.client_split import ACC_AFTER, ACC_BEFORE
     from driftfl.common.protocol import METRICS, NUM_EXAMPLES
 
     metrics = client_train(NODE, {ASSIGNED_EPOCHS: 3, ASSIGNED_MAX_STEPS: 0}).content[METRICS]

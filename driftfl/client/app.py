@@ -10,13 +10,14 @@ import torch
 from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
+from driftfl.common.client_split import ACC_AFTER, ACC_BEFORE
 from driftfl.common.evaluation import evaluate as evaluate_model
 from driftfl.common.protocol import (ARRAYS, CLASSIFIER, CONDENSE, CONDENSED, CONFIG,
                                      CSD_PROTOTYPES, DATA_SUMMARY, DCFL_CONDENSE, DP_CLIENTS,
                                      LABEL_HISTOGRAM, LOCAL_STEPS, METHOD, METRICS, NUM_EXAMPLES,
                                      PARTITION_ID, PROTOTYPES, TRAIN_LOSS, model_to_arrays)
 
-from .assignment import ACC_AFTER, ACC_BEFORE, evaluates, held_out_accuracy, local_stage
+from .assignment import evaluates, held_out_accuracy, local_stage
 from .dcfl import DCFLClient, is_dcfl, received_images, to_record
 from .job import ClientJob
 from .objectives import build_objective

@@ -9,7 +9,6 @@ from dataclasses import replace
 
 from torch import nn
 
-from driftfl.common.client_split import ACC_AFTER, ACC_BEFORE  # noqa: F401 (re-exported)
 from driftfl.common.conditions import (ASSIGNED_EPOCHS, ASSIGNED_MAX_STEPS, ASSIGNMENT,
                                        EVALUATE_CLIENT)
 from driftfl.common.evaluation import evaluate
