@@ -249,7 +249,8 @@ class DCFL(DriftStrategy):
         config[METHOD] = self.objective
         if self.proximal_mu is not None:
             config[PROXIMAL_MU] = self.proximal_mu
-        nodes = self.sample(server_round, grid)
+        nodes = self.plan.start(server_round, self.sample(server_round, grid), self.plan_key,
+                                self.survey_count, self.local_training)  # less the dropped
         self.log.selected = self.partition_ids(nodes)
         self.log.exploited = self.partition_ids(self.selection.last_exploited)
         self.asked = {n for n in nodes if n not in self.store}
@@ -260,7 +261,7 @@ class DCFL(DriftStrategy):
         for node in nodes:
             node_config = ConfigRecord(dict(config))
             node_config[CONDENSE] = node in self.asked
-            content = {ARRAYS: arrays, CONFIG: node_config}
+            content = {ARRAYS: arrays, CONFIG: node_config, **self.plan.record(node)}
             if node in self.store and self.exchange:
                 group = complementary_group(node, self.explored, self.matrix, size)
                 images, labels = self.filtered(self.condensed_of(group))
