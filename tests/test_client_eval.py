@@ -166,3 +166,23 @@ def test_bad_per_client_settings_are_refused_in_one_line(override, message):
     with pytest.raises(ConfigError) as err:
         compose(override)
     assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_clients_csv_keeps_every_round_and_a_resumed_run_the_rounds_before_it(tmp_path):
+    from driftfl.server.results import RunRecorder
+
+    cfg = compose(["client_test_fraction=0.2"])
+    recorder = RunRecorder(tmp_path, cfg)
+    for server_round in (1, 2, 3):
+        recorder.add_clients(server_round, [
+            {"round": server_round, "client": "0", "acc_before": 0.25, "acc_after": 0.5}])
+    recorder.add_clients(4, [])  # a round that measured nothing writes nothing
+    lines = (tmp_path / "clients.csv").read_text().splitlines()
+    assert lines == ["round,client,acc_before,acc_after", "1,0,0.25,0.5", "2,0,0.25,0.5",
+                     "3,0,0.25,0.5"]
+    # the checkpoint was written after round 2: round 3's row goes, round 3 runs again
+    resumed = RunRecorder(tmp_path, cfg, resumed={"rows": [], "recorded": {}, "seconds": 1.0,
+                                                  "round": 2})
+    resumed.add_clients(3, [{"round": 3, "client": "0", "acc_before": 0.5, "acc_after": 0.75}])
+    assert (tmp_path / "clients.csv").read_text().splitlines()[1:] == [
+        "1,0,0.25,0.5", "2,0,0.25,0.5", "3,0,0.5,0.75"]
