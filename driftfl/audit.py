@@ -63,12 +63,13 @@ class PartitionData:
     """Each client's real training images as the simulation split them."""
 
     def __init__(self, experiment, expected: dict[str, int]):
-        from driftfl.common.partition import partition
+        from driftfl.common.client_split import held_out_split
 
         cfg, data = experiment.cfg, experiment.data
         self.data, self.expected = data, expected
-        self.parts = partition(data.train_y, cfg.partition, cfg.num_clients, cfg.seed,
-                               experiment.aux_indices)
+        # what each client trained on: its partition less its held-out split, if any
+        self.parts = [p[held_out_split(data.train_y[p], cfg.client_test_fraction, cfg.seed,
+                                       i)[0]] for i, p in enumerate(experiment.partitions())]
 
     def check(self, names: list[str]) -> None:
         """ConfigError for a client whose data cannot be rebuilt here, before any is measured."""

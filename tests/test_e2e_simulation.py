@@ -278,3 +278,29 @@ def test_driftfl_run_with_secaggplus_trains_through_flowers_secure_aggregation(
     assert 0 < rows[1]["epsilon"] < rows[2]["epsilon"]
     config = yaml.safe_load((run_dir / "config.yaml").read_text())
     assert config["secagg"]["name"] == "secaggplus"
+
+
+def test_per_client_evaluation_and_drawn_epochs_in_a_real_run(tmp_path, fmnist_available):
+    """client_test_fraction and heterogeneity=epochs through real Flower: every reply's step
+    count follows its drawn epochs and is accepted, and each client's held-out figures land in
+    clients.csv and the row's spread columns."""
+    run_dir = tmp_path / "run"
+    out = subprocess.run([driftfl_bin(), "run", "model=mlp", "dataset.subset=2000",
+                          "dataset.test_subset=1000", "num_clients=3", "rounds=2",
+                          "strategy=fednova", "client_test_fraction=0.2", "heterogeneity=epochs",
+                          "heterogeneity.max_epochs=3", f"hydra.run.dir={run_dir}"],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    rows = read_rounds(run_dir)
+    partition = json.loads((run_dir / "partition.json").read_text())
+    trains_on = sum(c["num_examples"] for c in partition["clients"])
+    assert 1590 <= trains_on <= 1610  # 20 % of each client's 2000 / 3 held out
+    for row in rows[1:]:
+        assert row["clients"] == 3 and row["rejected"] == 0 and row["dropped_partitions"] == ""
+        assert row["num_examples"] == trains_on
+        for phase in ("before", "after"):
+            assert (0 <= row[f"client_acc_{phase}_worst10"] <= row[f"client_acc_{phase}_mean"]
+                    <= row[f"client_acc_{phase}_best"] <= 1)
+    assert rows[2]["client_acc_before_mean"] > 0.3  # round 2 starts from a trained model
+    figures = (run_dir / "clients.csv").read_text().splitlines()
+    assert figures[0] == "round,client,acc_before,acc_after" and len(figures) == 1 + 2 * 3

@@ -39,6 +39,9 @@ class Rows:
     def add_images(self, images, mean, std):
         pass
 
+    def add_clients(self, server_round, figures):
+        pass
+
 
 def evaluator(strategy):
     """RoundEvaluator on a 3-class, 2x2-pixel test set and a linear model."""

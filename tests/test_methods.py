@@ -140,7 +140,7 @@ def test_config_yaml_holds_the_experiment_schemas_defaults():
     fields = ExperimentConfig.model_fields
     # groups chosen in the defaults list whose schema has a default: their default yaml
     # (privacy: none, ...) builds the schema's default
-    grouped = {"privacy": "none", "secagg": "none"}
+    grouped = {"privacy": "none", "secagg": "none", "heterogeneity": "none"}
     for group, name in grouped.items():
         chosen = yaml.safe_load((CONF / group / f"{name}.yaml").read_text())
         assert type(fields[group].get_default())(**chosen) == fields[group].get_default()

@@ -228,3 +228,25 @@ def test_a_round_with_missing_fields_does_not_stop_the_report(tmp_path, capsys):
     (tmp_path / "a" / "metrics.json").write_text(json.dumps(metrics))
     report([str(tmp_path)])
     assert "| fedavg | 1 | 2 | 60.00 ± - | 60.00 ± - | - | - | - | - |" in capsys.readouterr().out
+
+
+def test_per_client_columns_are_the_last_evaluated_round_as_mean_and_std_over_seeds(
+        tmp_path, capsys):
+    for seed, (mean, worst) in enumerate([(0.6, 0.2), (0.8, 0.4)]):
+        folder = tmp_path / f"s{seed}"
+        write_run(folder, "fedavg", [0.1, 0.5, 0.6], seed=seed)
+        rounds = json.loads((folder / "metrics.json").read_text())["rounds"]
+        for row in rounds[1:]:  # rounds 1 and 2; round 2 is the last evaluated
+            scale = row["round"] / 2
+            row.update({f"client_acc_{p}_{s}": v * scale for p in ("before", "after")
+                        for s, v in (("mean", mean), ("std", 0.1), ("worst10", worst),
+                                     ("best", 0.9))})
+        (folder / "metrics.json").write_text(json.dumps({"rounds": rounds}))
+    write_run(tmp_path / "other", "fedprox", [0.1, 0.5, 0.6])  # measured none
+    report([str(tmp_path)])
+    out = capsys.readouterr().out
+    assert "| client acc after mean (%) | client acc after std (%) |" in out
+    # after: mean of 60 and 80 = 70 ± 14.14; std 10 ± 0; worst10 30 ± 14.14; best 90 ± 0
+    assert "| 70.00 ± 14.14 | 10.00 ± 0.00 | 30.00 ± 14.14 | 90.00 ± 0.00 |" in out
+    assert out.count("| - | - | - | - | - | - | - | - |") == 1  # fedprox's row
+    assert (tmp_path / "clients.png").is_file()

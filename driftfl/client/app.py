@@ -10,12 +10,14 @@ import torch
 from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
+from driftfl.common.client_split import ACC_AFTER, ACC_BEFORE
 from driftfl.common.evaluation import evaluate as evaluate_model
 from driftfl.common.protocol import (ARRAYS, CLASSIFIER, CONDENSE, CONDENSED, CONFIG,
                                      CSD_PROTOTYPES, DATA_SUMMARY, DCFL_CONDENSE, DP_CLIENTS,
                                      LABEL_HISTOGRAM, LOCAL_STEPS, METHOD, METRICS, NUM_EXAMPLES,
                                      PARTITION_ID, PROTOTYPES, TRAIN_LOSS, model_to_arrays)
 
+from .assignment import evaluates, held_out_accuracy, local_stage
 from .dcfl import DCFLClient, is_dcfl, received_images, to_record
 from .job import ClientJob
 from .objectives import build_objective
@@ -23,7 +25,7 @@ from .objectives.csd import prototype_reply
 from .privacy import disclosed_metrics, privatise, privatise_payload
 from .redaction import keep_paths_local
 from .secure import SECAGG_MODS
-from .train import LogitShift, TrainSettings, train_locally
+from .train import LogitShift, train_locally
 
 # error replies carry no node paths; SecAgg+ messages go through Flower's secaggplus_mod (the
 # others pass those mods untouched)
@@ -48,8 +50,10 @@ def train(msg: Message, context: Context) -> Message:
 
     generator = torch.Generator().manual_seed(_seed(job, 0))
     records, extra = {}, {}
+    if evaluates(job):  # per-client evaluation: the global model on the held-out split
+        extra[ACC_BEFORE] = held_out_accuracy(job, model)
     if not is_dcfl(msg):
-        stats = train_locally(model, x, y, TrainSettings.local_stage(exp), objective, generator)
+        stats = train_locally(model, x, y, local_stage(job), objective, generator)
     else:  # DCFL: condense if asked, then the local and the fine-tuning stage
         dcfl = DCFLClient.of(job)
         if msg.content[CONFIG][CONDENSE]:
@@ -57,8 +61,11 @@ def train(msg: Message, context: Context) -> Message:
                 x, y, torch.Generator().manual_seed(_seed(job, 2)))
             records[CONDENSED] = to_record(images, labels)
             extra.update(disclosed)
-        stats = dcfl.train(model, x, y, objective, generator, received_images(msg, job))
+        stats = dcfl.train(model, x, y, objective, generator, received_images(msg, job),
+                           local_stage(job))
     objective.after_training(model, stats)
+    if evaluates(job):  # ... and the locally trained model on it
+        extra[ACC_AFTER] = held_out_accuracy(job, model)
     metrics = MetricRecord(disclosed_metrics({
         NUM_EXAMPLES: stats.num_examples, LOCAL_STEPS: stats.steps, TRAIN_LOSS: stats.mean_loss,
         "logit-shift": shift.measure(model), **objective.diagnostics(), **extra}, exp.privacy))

@@ -10,6 +10,7 @@ import torch
 from flwr.app import Message
 
 from driftfl.common.condensation import condensation_settings
+from driftfl.common.conditions import ASSIGNED_EPOCHS, ASSIGNMENT
 from driftfl.common.config import ExperimentConfig
 from driftfl.common.errors import ConfigError
 from driftfl.common.models import build_model
@@ -38,6 +39,10 @@ def check_caps(msg: Message, experiment: ExperimentConfig, meta: DatasetMeta,
     asked = [("local_epochs", experiment.local_epochs, "max-local-epochs",
               node.max_local_epochs),
              ("batch_size", experiment.batch_size, "max-batch-size", node.max_batch_size)]
+    assigned = msg.content.config_records.get(ASSIGNMENT)
+    if assigned is not None and ASSIGNED_EPOCHS in assigned:  # heterogeneity=epochs' draw
+        asked.append(("the assigned local epochs", int(assigned[ASSIGNED_EPOCHS]),
+                      "max-local-epochs", node.max_local_epochs))
     if runs_dcfl(msg, experiment):
         dcfl = condensation_settings(experiment.strategy.model_dump())
         asked += [("strategy.finetune_epochs", dcfl.finetune_epochs, "max-local-epochs",

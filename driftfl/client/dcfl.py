@@ -107,11 +107,13 @@ class DCFLClient:
                                leakage.to_pixels(x.cpu().numpy(), meta.mean, meta.std))
 
     def train(self, model, x, y, objective, generator: torch.Generator,
-              received: tuple[torch.Tensor, torch.Tensor] | None) -> TrainStats:
-        """E_c epochs on the local data, then E_s on the received images (or, with
-        condensed_use=mix, one stage on both); returns the combined steps and mean loss."""
+              received: tuple[torch.Tensor, torch.Tensor] | None,
+              local: TrainSettings | None = None) -> TrainStats:
+        """E_c epochs on the local data (``local``: the server's assignment), then E_s on the
+        received images (or, with condensed_use=mix, one stage on both); returns the combined
+        steps and mean loss."""
         exp, s = self.job.experiment, self.settings
-        local = TrainSettings.local_stage(exp)
+        local = local or TrainSettings.local_stage(exp)
         if received is not None:
             received = (received[0].to(x.device), received[1].to(x.device))
         if received is not None and s.condensed_use == "mix":

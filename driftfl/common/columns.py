@@ -12,7 +12,9 @@ SERVER_COLUMNS = frozenset({
     "round", "test_accuracy", "test_loss", "seconds", "train_seconds", "eval_seconds",
     "clients", "model_updated", "rejected", "rejected_partitions", "lost_partitions",
     "late_partitions", "refused_state", "bytes_sent", "bytes_received", "per_class_accuracy",
-    "epsilon"})
+    "epsilon", "dropped_partitions", "client_acc_before_mean", "client_acc_before_std",
+    "client_acc_before_worst10", "client_acc_before_best", "client_acc_after_mean",
+    "client_acc_after_std", "client_acc_after_worst10", "client_acc_after_best"})
 # flattened families: per_class_accuracy -> acc_class_<i>; every bytes_* count
 SERVER_PREFIXES = ("acc_class_", "per_class_accuracy_", "bytes_")
 # the bytes of each payload kind (driftfl/server/traffic.py): server -> client, client -> server

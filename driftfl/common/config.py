@@ -17,8 +17,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 from omegaconf import DictConfig, OmegaConf
-from pydantic import ConfigDict, Field, SerializeAsAny, field_validator
+from pydantic import ConfigDict, Field, SerializeAsAny, field_validator, model_validator
 
+from .conditions import HeterogeneitySettings
 from .datasets import DatasetSettings, dataset_settings
 from .errors import ConfigError
 from .models import ModelSettings, model_settings
@@ -107,6 +108,13 @@ class ExperimentConfig(Settings):
     simulation: SimulationSettings = SimulationSettings()
     privacy: PrivacySettings = PrivacySettings()  # user-level differential privacy
     secagg: SecAggSettings = SecAggSettings()  # secure aggregation
+    # per-client evaluation: this share of each client's data is held out (seeded, stratified)
+    # and never trained on; 0: none, every client trains on all it holds
+    client_test_fraction: float = Field(0.0, ge=0, lt=1)
+    eval_every: int = Field(1, ge=1, le=MANY)  # ... measured every this many rounds (and last)
+    eval_clients: int = Field(0, ge=0, le=MANY)  # ... by at most this many trained clients (0: all)
+    # simulated systems heterogeneity: unequal epochs, stragglers, dropout (common/conditions.py)
+    heterogeneity: HeterogeneitySettings = HeterogeneitySettings()
     # a deployed federation to run on: the name of a SuperLink connection in flwr's
     # config.toml ($FLWR_HOME, ~/.flwr); None: a private local simulation
     superlink: str | None = None
@@ -125,6 +133,25 @@ class ExperimentConfig(Settings):
             raise ValueError("must name a SuperLink connection of ~/.flwr/config.toml "
                              "(letters, digits, - and _)")
         return value
+
+    @model_validator(mode="after")
+    def _parts_combine(self):
+        if self.client_test_fraction > 0 and self.privacy.enabled:
+            raise ValueError(f"client_test_fraction with privacy={self.privacy.name}: each "
+                             "client's accuracy is a release about its data that no noise covers; "
+                             "leave client_test_fraction=0 under differential privacy")
+        if self.client_test_fraction > 0 and self.secagg.enabled:
+            raise ValueError("client_test_fraction with secagg: the server would see each "
+                             "client's accuracy beside the sum it may only see; leave "
+                             "client_test_fraction=0 under secure aggregation")
+        if self.heterogeneity.enabled and self.secagg.enabled:
+            raise ValueError(f"heterogeneity={self.heterogeneity.name} with secagg: not "
+                             "supported (the secure round checks no assigned step counts)")
+        if self.heterogeneity.name == "stragglers" and self.strategy.name == "dcfl":
+            raise ValueError("heterogeneity=stragglers with strategy=dcfl: a step budget over "
+                             "DCFL's two training stages is not defined; use heterogeneity="
+                             "epochs or dropout")
+        return self
 
     def to_json(self) -> str:
         return self.model_dump_json()

@@ -54,6 +54,7 @@ class TrainSettings:
     lr: float
     momentum: float
     weight_decay: float
+    max_steps: int | None = None  # a straggler's step budget (heterogeneity=stragglers)
 
     @classmethod
     def local_stage(cls, experiment) -> TrainSettings:
@@ -70,13 +71,15 @@ class TrainSettings:
 
     def steps(self, num_examples: float) -> int:
         """The SGD steps ``train_locally`` takes on this many examples: a step per batch, the
-        last batch of an epoch smaller."""
-        return self.epochs * math.ceil(num_examples / self.batch_size)
+        last batch of an epoch smaller; no more than a straggler's budget."""
+        full = self.epochs * math.ceil(num_examples / self.batch_size)
+        return full if self.max_steps is None else min(full, self.max_steps)
 
     def in_words(self, data: str) -> str:
         """'3 epochs of <data> in batches of 64', for messages."""
+        budget = "" if self.max_steps is None else f", stopped after {self.max_steps} steps"
         return (f"{self.epochs} epoch{'s' * (self.epochs != 1)} of {data} in batches of "
-                f"{self.batch_size}")
+                f"{self.batch_size}{budget}")
 
 
 @dataclass(frozen=True)
@@ -111,8 +114,13 @@ def train_locally(model: nn.Module, x: torch.Tensor, y: torch.Tensor, settings: 
         objective.prepare(model, x, y)
     steps, seen = 0, 0
     loss_sum = torch.zeros((), device=x.device)
+    budget = math.inf if settings.max_steps is None else settings.max_steps
     for _ in range(settings.epochs):
+        if steps >= budget:
+            break
         for idx in batches(len(y), settings.batch_size, generator, x.device):
+            if steps >= budget:  # a straggler stops where its budget ends
+                break
             xb, yb = x[idx], y[idx]
             if augment is not None:  # a seed per batch, drawn from the run's generator
                 seed = int(torch.randint(2**31 - 1, (1,), generator=generator))

@@ -10,6 +10,7 @@ import tempfile
 from pathlib import Path
 from typing import NoReturn
 
+from . import clients
 from .payloads import payload_table
 from .plot import plot
 from .runs import Run, find_runs, flatten, numbers
@@ -124,6 +125,8 @@ def main(argv: list[str]) -> None:
             with open(out / "payloads.csv", "w", newline="") as f:
                 csv.writer(f).writerows([payload_header, *payload_rows])
         plot(shown, out / "report.png")
+        if clients.recorded(shown):  # per-client evaluation: who is left behind, per round
+            clients.plot_spread(shown, out / "clients.png")
     except OSError as err:
         fail(f"cannot write the report to {out} ({err.strerror or err}); choose another --out")
     print(table + "".join(f"\n{note}" if i else f"\n\n{note}" for i, note in enumerate(notes)))
@@ -131,4 +134,5 @@ def main(argv: list[str]) -> None:
         print(f"\n{len(unfinished)} run(s) did not complete and are left out: "
               + ", ".join(str(p) for p in unfinished[:5]))
     print(f"\nwritten: {out / 'report.md'}, report.csv, "
-          f"{'payloads.csv, ' if payload_rows else ''}report.png")
+          f"{'payloads.csv, ' if payload_rows else ''}report.png"
+          f"{', clients.png' if clients.recorded(shown) else ''}")

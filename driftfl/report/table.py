@@ -164,6 +164,10 @@ def summarise(shown: list[Group], groups: list[Group], by: list[str], target: st
               f"rounds to {target}'s final acc" if target else "rounds to target",
               "s / round from round 2", "s in round 1 (incl. start-up)",
               "MB / client / round (down, up)", *(f"mean {m}" for m in metrics)]
+    from . import clients  # per-client evaluation: its columns when any run measured it
+
+    per_client = clients.recorded(shown)
+    header += clients.header() if per_client else []
     private = any(_epsilon(group) != "-" for group in shown)
     if private:  # differential privacy: the epsilon each row's accuracy cost
         header.insert(header.index("best acc (%)") + 1, "epsilon")
@@ -176,7 +180,8 @@ def summarise(shown: list[Group], groups: list[Group], by: list[str], target: st
                      _race(group, _goal(group, groups, target)),
                      _mean(numbers([r for r in trained if r["round"] > 1], "seconds"), 1),
                      _mean(numbers([r for r in trained if r["round"] == 1], "seconds"), 1),
-                     _traffic(trained), *(_diagnostic(group, m) for m in metrics)])
+                     _traffic(trained), *(_diagnostic(group, m) for m in metrics),
+                     *(clients.cells(group) if per_client else [])])
         if private:
             rows[-1].insert(header.index("epsilon"), _epsilon(group))
     notes = []

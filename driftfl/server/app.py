@@ -16,6 +16,7 @@ from flwr.serverapp import Grid, ServerApp
 from flwr.superlink.grid import InMemoryGrid
 
 from driftfl.common import paths
+from driftfl.common.client_split import ACC_AFTER, ACC_BEFORE
 from driftfl.common.columns import column, forged_column
 from driftfl.common.config import compose
 from driftfl.common.datasets import to_tensors
@@ -31,6 +32,7 @@ from driftfl.strategies.aggregation import to_numpy, to_record
 from driftfl.strategies.nodes import wait_for_nodes
 
 from . import checkpoint, console
+from .client_eval import client_figures, spread_columns
 from .experiment import Experiment, prepare_experiment
 from .results import RunRecorder
 from .roster import Roster
@@ -242,6 +244,10 @@ class RoundEvaluator:
             row.update(self.strategy.server_metrics(self.accuracy_of))
             self.recorder.add_arrays(server_round, self.strategy.round_arrays())
             self.recorder.add_images(self.strategy.round_images(), self.mean, self.std)
+            figures = client_figures(server_round, self.strategy.last_updates,
+                                     self.strategy.client_name)
+            row.update(spread_columns(figures))  # per-client evaluation (client_test_fraction)
+            self.recorder.add_clients(server_round, figures)
         now = time.perf_counter()  # diagnostics above count as evaluation, not training
         traffic = self.grid.take()  # in all and by payload kind (round 0: the data survey)
         row.update({"seconds": now - self.round_started,
@@ -254,6 +260,8 @@ class RoundEvaluator:
                     "rejected_partitions": " ".join(report.rejected_partitions) if report else "",
                     "lost_partitions": " ".join(report.lost) if report else "",
                     "late_partitions": " ".join(report.late) if report else "",
+                    **({"dropped_partitions": " ".join(report.dropped) if report else ""}
+                       if self.strategy.plan.heterogeneity.enabled else {}),
                     "refused_state": "; ".join(report.refused_state) if report else "",
                     **traffic, "per_class_accuracy": per_class})
         # the server's own numbers last: nothing above may stand in for them
@@ -290,6 +298,8 @@ def client_columns(report, server_columns: frozenset[str]) -> dict:
     row = {}
     for key, value in {**report.train_metrics, **report.evaluate_metrics}.items():
         name = column(key)
+        if key in (ACC_BEFORE, ACC_AFTER):  # per client, in clients.csv and the spread columns
+            continue
         if not forged_column(key) and name not in server_columns:
             row[name] = value
     return row

@@ -43,10 +43,11 @@ from . import treefile
 CHECKPOINT = "checkpoint.pt"
 FORMAT = "driftfl checkpoint"
 VERSION = 2  # 1 was the pickle of earlier driftfl, refused unread
-# strategy attributes that belong to one round (the replies, the round's report) or to one
-# process (the roster holds the grid): made afresh, never saved
+# strategy attributes that belong to one round (the replies, the round's report, the round
+# plan's assignments, drawn afresh from the seed each round) or to one process (the roster
+# holds the grid): made afresh, never saved
 TRANSIENT = frozenset({"roster", "connected", "train_messages", "last_updates",
-                       "report", "payload_sum"})
+                       "report", "payload_sum", "plan"})
 KEYS = ("format", "version", "round", "config", "arrays", "strategy", "rng", "rows",
         "recorded", "seconds")
 ROW_NUMBERS = ("round", "test_accuracy", "test_loss", "model_updated", "bytes_sent",

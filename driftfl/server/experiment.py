@@ -8,6 +8,7 @@ from functools import cached_property
 import numpy as np
 import torch
 
+from driftfl.common.client_split import check_splittable, held_out_split
 from driftfl.common.config import ExperimentConfig
 from driftfl.common.datasets import ImageData, load_dataset, to_tensors
 from driftfl.common.errors import ConfigError
@@ -46,12 +47,20 @@ class Experiment:
         torch.manual_seed(self.cfg.seed)
         return build_model(self.cfg.model, self.data.shape, self.data.num_classes)
 
+    def partitions(self) -> list[np.ndarray]:
+        """Every client's indices into the training data, by partition id."""
+        return partition(self.data.train_y, self.cfg.partition, self.cfg.num_clients,
+                         self.cfg.seed, self.aux_indices)
+
     def partition_histograms(self) -> list[list[int]]:
-        """Every client's label histogram, by partition id, from the partitioning itself."""
-        d = self.data
-        parts = partition(d.train_y, self.cfg.partition, self.cfg.num_clients, self.cfg.seed,
-                          self.aux_indices)
-        return [label_histogram(d.train_y[p], d.num_classes) for p in parts]
+        """Every client's label histogram of what it trains on, by partition id, from the
+        partitioning itself (less the held-out split, client_test_fraction)."""
+        d, cfg = self.data, self.cfg
+        histograms = []
+        for i, p in enumerate(self.partitions()):
+            train, _ = held_out_split(d.train_y[p], cfg.client_test_fraction, cfg.seed, i)
+            histograms.append(label_histogram(d.train_y[p][train], d.num_classes))
+        return histograms
 
     def aux_set(self, model: DriftModel) -> AuxSet | None:
         if not self.aux_per_class:
@@ -79,6 +88,7 @@ def prepare_experiment(cfg: ExperimentConfig | dict, *,
     pool = len(data.train_y) - len(experiment.aux_indices)
     check_partition(cfg.partition, cfg.num_clients, data.num_classes, pool)
     experiment.initial_model()  # a model that cannot take these images fails here
-    if make_partition:
-        partition(data.train_y, cfg.partition, cfg.num_clients, cfg.seed, experiment.aux_indices)
+    if make_partition or cfg.client_test_fraction > 0:  # a client too small to split: now
+        for i, p in enumerate(experiment.partitions()):
+            check_splittable(len(p), cfg.client_test_fraction, f"partition {i}")
     return experiment

@@ -74,6 +74,21 @@ def _json_safe(value):
     return value
 
 
+CLIENTS_CSV = "clients.csv"
+
+
+def _earlier_clients(run_dir: Path, last_round: int) -> list[dict]:
+    """clients.csv's rows up to the round a resumed run goes on after."""
+    path = run_dir / CLIENTS_CSV
+    if not path.is_file():
+        return []
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    return [{"round": int(r["round"]), "client": r["client"],
+             "acc_before": float(r["acc_before"]), "acc_after": float(r["acc_after"])}
+            for r in rows if int(r["round"]) <= last_round]
+
+
 class RunRecorder:
     """Writes one run's directory; metrics are rewritten every round so a crash keeps them."""
 
@@ -90,6 +105,8 @@ class RunRecorder:
         self.node_changes: list[dict] = (json.loads(earlier.read_text()).get("node_changes", [])
                                          if resumed and earlier.is_file() else [])
         self.tracker = make_tracker(cfg.tracker, self.dir)
+        # per-client evaluation's rows (clients.csv); a resumed run keeps its earlier rounds'
+        self.clients: list[dict] = _earlier_clients(self.dir, resumed["round"]) if resumed else []
         (self.dir / "config.yaml").write_text(
             yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
         meta = {"versions": versions(), "git_revision": git_revision(), "flower_run_id": run_id,
@@ -137,6 +154,16 @@ class RunRecorder:
         self._write_json("metrics.json", {"rounds": self.rows})
         if self.tracker:
             self.tracker.add_round(flat[-1])
+
+    def add_clients(self, server_round: int, figures: list[dict]) -> None:
+        """clients.csv: every evaluating client's accuracies on its held-out split, per round."""
+        if not figures:
+            return
+        self.clients += figures
+        with open(self.dir / CLIENTS_CSV, "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=list(self.clients[0]))
+            writer.writeheader()
+            writer.writerows(self.clients)
 
     def add_arrays(self, server_round: int, arrays: dict[str, np.ndarray]) -> None:
         """Per-round arrays (FedSSD's credibility matrix, ...) -> <name>.npz, key round_<r>."""

@@ -46,6 +46,7 @@ from .nodes import wait_for_nodes
 from .federated_evaluation import FederatedEvaluation
 from .parts import AGGREGATIONS, SELECTIONS
 from .private import PrivateMean
+from .round_plan import RoundPlan
 from .selection import ExploredClients, Selection
 
 if TYPE_CHECKING:
@@ -71,6 +72,7 @@ class RoundReport:
     lost: list[str] = field(default_factory=list)
     lost_nodes: list[int] = field(default_factory=list)
     late: list[str] = field(default_factory=list)  # sent nothing back, still connected
+    dropped: list[str] = field(default_factory=list)  # heterogeneity: dropped before training
     refused_aggregate: str = ""  # why the aggregate did not replace the global model
     refused_state: list[str] = field(default_factory=list)  # "<state>: reason", state kept
     train_metrics: dict[str, float] = field(default_factory=dict)
@@ -129,6 +131,8 @@ class DriftStrategy(FederatedEvaluation, ReplyGuard, FedAvg):
         # under privacy or secure aggregation: this round's sum of the payload terms (noised
         # under privacy), which the method takes instead of the individual payloads
         self.payload_sum: dict[str, np.ndarray] | None = None
+        # heterogeneity and per-client evaluation: what each node is asked to do this round
+        self.plan = RoundPlan()
         self.node_rank: dict[int, int] = {}  # node id -> partition id (data survey)
         self.surveyed: dict[int, int] | None = None  # node id -> num_examples (data survey)
         self.histograms: dict[int, np.ndarray] = {}  # node id -> label histogram (data survey)
@@ -171,6 +175,7 @@ class DriftStrategy(FederatedEvaluation, ReplyGuard, FedAvg):
                                        experiment=cfg))
         finally:
             flwr_logger.setLevel(level)
+        strategy.plan = RoundPlan.from_config(cfg)
         if cfg.privacy.enabled:
             strategy.private = PrivateMean(
                 cfg.privacy, num_clients=cfg.num_clients,
@@ -296,7 +301,9 @@ class DriftStrategy(FederatedEvaluation, ReplyGuard, FedAvg):
         self.payload_sum = None
         config[SERVER_ROUND] = server_round
         config[METHOD] = self.objective
-        nodes = self.before_train(server_round, self.sample(server_round, grid), config, grid)
+        nodes = self.plan.start(server_round, self.sample(server_round, grid), self.plan_key,
+                                self.survey_count, self.local_training)  # less the dropped
+        nodes = self.before_train(server_round, nodes, config, grid)
         if self.private:  # distributed DP: each client's share of the noise is sigma C / sqrt(m)
             config[DP_CLIENTS] = len(nodes)
         shared = {ARRAYS: arrays, CONFIG: config, **self.knowledge(server_round)}
@@ -305,7 +312,7 @@ class DriftStrategy(FederatedEvaluation, ReplyGuard, FedAvg):
         self.trained = list(nodes)
         messages = []
         for node in nodes:
-            own = self.node_knowledge(server_round, node)
+            own = {**self.node_knowledge(server_round, node), **self.plan.record(node)}
             messages += self._construct_messages(RecordDict({**shared, **own}) if own else content,
                                                  [node], MessageType.TRAIN)
         self.train_messages = messages
@@ -326,6 +333,7 @@ class DriftStrategy(FederatedEvaluation, ReplyGuard, FedAvg):
         report.lost_nodes = [n for n in silent if n in gone]
         report.lost = [self.client_name(n) for n in report.lost_nodes]
         report.late = [self.client_name(n) for n in silent if n not in gone]
+        report.dropped = [self.client_name(n) for n in self.plan.dropped]
         for node in silent:
             log(WARNING, "round reply from %s %s", self.describe(node),
                 "lost: the node disconnected" if node in gone else
@@ -387,19 +395,28 @@ class DriftStrategy(FederatedEvaluation, ReplyGuard, FedAvg):
         if expected is not None and steps != expected:
             return (f"'{LOCAL_STEPS}' is {steps:.12g}, but {self.steps_rule(update)} make "
                     f"{expected}")
+        asked = self.plan.reject(update)
+        if asked:
+            return asked
         if self.private:
             return self.private.reject(update, self.global_arrays, len(self.trained))
         return self.aggregation.reject(update)
 
     def local_steps(self, update: ClientUpdate) -> int | None:
         """The SGD steps a client takes on the examples it claims (None: not checked)."""
-        if self.local_training is None:
-            return None
-        return self.local_training.steps(update.num_examples)
+        asked = self.plan.training(update.node_id, self.local_training)
+        return None if asked is None else asked.steps(update.num_examples)
 
     def steps_rule(self, update: ClientUpdate) -> str:
         """How ``local_steps`` counts, for a rejection's message."""
-        return self.local_training.in_words(f"its {update.num_examples:.12g} examples")
+        return self.plan.training(update.node_id, self.local_training).in_words(
+            f"its {update.num_examples:.12g} examples")
+
+    def plan_key(self, node: int) -> int:
+        """The node's key in the round plan's draws: its partition id (a node with its own
+        data, which has none: its node id)."""
+        partition = self.node_rank.get(node, -1)
+        return partition if partition >= 0 else node % 2**31
 
     def refuse_aggregate(self, arrays: dict[str, np.ndarray]) -> str | None:
         """Why an aggregate must not replace the global model (None: it may)."""

@@ -249,7 +249,8 @@ class DCFL(DriftStrategy):
         config[METHOD] = self.objective
         if self.proximal_mu is not None:
             config[PROXIMAL_MU] = self.proximal_mu
-        nodes = self.sample(server_round, grid)
+        nodes = self.plan.start(server_round, self.sample(server_round, grid), self.plan_key,
+                                self.survey_count, self.local_training)  # less the dropped
         self.log.selected = self.partition_ids(nodes)
         self.log.exploited = self.partition_ids(self.selection.last_exploited)
         self.asked = {n for n in nodes if n not in self.store}
@@ -260,7 +261,7 @@ class DCFL(DriftStrategy):
         for node in nodes:
             node_config = ConfigRecord(dict(config))
             node_config[CONDENSE] = node in self.asked
-            content = {ARRAYS: arrays, CONFIG: node_config}
+            content = {ARRAYS: arrays, CONFIG: node_config, **self.plan.record(node)}
             if node in self.store and self.exchange:
                 group = complementary_group(node, self.explored, self.matrix, size)
                 images, labels = self.filtered(self.condensed_of(group))
@@ -321,7 +322,8 @@ class DCFL(DriftStrategy):
 
     def local_steps(self, update: ClientUpdate) -> int | None:
         """E_c epochs on the local data, then E_s on the images sent (mix: E_c on both)."""
-        local, received = self.local_training, self.sent_images.get(update.node_id, 0)
+        received = self.sent_images.get(update.node_id, 0)
+        local = self.plan.training(update.node_id, self.local_training)  # heterogeneity's epochs
         if local is None:
             return None
         if received and self.mix:
@@ -331,7 +333,7 @@ class DCFL(DriftStrategy):
     def steps_rule(self, update: ClientUpdate) -> str:
         received = self.sent_images.get(update.node_id, 0)
         if received and self.mix:
-            return self.local_training.in_words(
+            return self.plan.training(update.node_id, self.local_training).in_words(
                 f"its {update.num_examples:.12g} examples and the {received} images sent")
         return super().steps_rule(update) + (
             f", then {self.finetune.in_words(f'the {received} images sent')}"

@@ -1,0 +1,66 @@
+"""Per-client evaluation in the report: the spread columns of each run's last evaluated round
+(client_acc_before_mean, ..., client_acc_after_best) as mean ± std over the runs, and a plot
+of the spread across clients per round (mean, worst 10 % and best client after training)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .runs import Run, number
+from .table import Group, mean_std
+
+STATS = ("mean", "std", "worst10", "best")
+COLUMNS = tuple(f"client_acc_{phase}_{stat}" for phase in ("before", "after") for stat in STATS)
+
+
+def last_evaluated(run: Run) -> dict | None:
+    """The run's last round with per-client figures (None: it measured none)."""
+    return next((row for row in reversed(run.trained)
+                 if number(row.get("client_acc_after_mean"))), None)
+
+
+def recorded(groups: list[Group]) -> bool:
+    return any(last_evaluated(run) for group in groups for run in group.runs)
+
+
+def header() -> list[str]:
+    return [f"client acc {c.split('_')[2]} {c.split('_')[3]} (%)" for c in COLUMNS]
+
+
+def cells(group: Group) -> list[str]:
+    """Each column's mean ± std over the runs that measured it (in %), '-' where none did."""
+    rows = [row for row in map(last_evaluated, group.runs) if row]
+    return [mean_std([row[c] for row in rows]) if rows else "-" for c in COLUMNS]
+
+
+def plot_spread(groups: list[Group], path: Path) -> None:
+    """Per round, each group's mean client accuracy after training (mean over runs), with the
+    worst 10 % of clients dashed and the band up to the best client."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for i, group in enumerate(g for g in groups if recorded([g])):
+        by_round: dict[int, list[dict]] = {}
+        for run in group.runs:
+            for row in run.trained:
+                if number(row.get("client_acc_after_mean")):
+                    by_round.setdefault(row["round"], []).append(row)
+        rounds = sorted(by_round)
+        mean, worst, best = (100 * np.array([np.mean([r[f"client_acc_after_{s}"]
+                                                       for r in by_round[k]]) for k in rounds])
+                             for s in ("mean", "worst10", "best"))
+        line, = ax.plot(rounds, mean, marker=".", label=f"{group.title}: mean client")
+        ax.plot(rounds, worst, linestyle="--", color=line.get_color(),
+                label=f"{group.title}: worst 10 %")
+        ax.fill_between(rounds, worst, best, color=line.get_color(), alpha=0.12)
+    ax.set(xlabel="round", ylabel="client accuracy after local training (%)",
+           title="spread across clients (band: worst 10 % to best), mean over runs")
+    ax.xaxis.get_major_locator().set_params(integer=True)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1), borderaxespad=0)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    plt.close(fig)
