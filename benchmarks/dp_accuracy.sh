@@ -8,7 +8,7 @@
 # prototypes of FedProto with prototype_mean=plain and of FedCSD with prototypes=previous,
 # FedCurv's Fisher terms; their default privacy.payload_clip), without DP and at noise
 # multipliers 1 and 1.41 (two Gaussian releases a round: 1.41 spends the epsilon one release
-# spends at 1): 36 runs more.
+# spends at 1), and FedAvg at 1.41 to compare with: 39 runs more.
 #
 # Each finished run's small files (config.yaml, meta.json, metrics.json, metrics.csv,
 # summary.json) are kept under docs/results/dp-accuracy/<method>_<noise>/seed<k>; a run kept
@@ -26,7 +26,7 @@ export OUT KEEP=docs/results/dp-accuracy FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALL
   done; done; done
   for seed in 0 1 2; do for method in scaffold fedproto-plain fedcsd-previous fedcurv; do
     for noise in none 1.0 1.41; do echo "$method $noise $seed"; done
-  done; done
+  done; echo "fedavg 1.41 $seed"; done
 } | xargs -P "$JOBS" -L 1 bash -c '
   method=$0 noise=$1 seed=$2
   dir=$OUT/${method}_$noise/seed$seed kept=$KEEP/${method}_$noise/seed$seed
