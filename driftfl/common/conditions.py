@@ -24,7 +24,7 @@ from typing import Literal
 import numpy as np
 from pydantic import Field, model_validator
 
-from .settings import MANY, Settings
+from .settings import MANY, Settings, changed
 
 ASSIGNMENT = "assignment"  # the per-node ConfigRecord of a train message
 ASSIGNED_EPOCHS = "local-epochs"  # this round's local epochs for this node
@@ -49,9 +49,7 @@ class HeterogeneitySettings(Settings):
 
     @model_validator(mode="after")
     def _coherent(self):
-        stray = [key for key, field in type(self).model_fields.items()
-                 if key != "name" and key not in OWN_FIELDS[self.name]
-                 and getattr(self, key) != field.default]
+        stray = [key for key in changed(self) if key not in OWN_FIELDS[self.name]]
         if stray:
             raise ValueError(f"heterogeneity.{stray[0]} means nothing with "
                              f"heterogeneity={self.name}; valid there: "

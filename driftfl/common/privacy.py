@@ -25,7 +25,7 @@ from typing import Literal
 import numpy as np
 from pydantic import Field, model_validator
 
-from .settings import MANY, Settings
+from .settings import MANY, Settings, changed
 
 
 class PrivacySettings(Settings):
@@ -44,7 +44,7 @@ class PrivacySettings(Settings):
     @model_validator(mode="after")
     def _coherent(self):
         if self.name == "none":
-            stray = _changed(self)
+            stray = changed(self)  # a section off takes none
             if stray:
                 raise ValueError(f"privacy.{stray[0]} means nothing without differential privacy; "
                                  "choose privacy=central or privacy=distributed")
@@ -92,7 +92,7 @@ class SecAggSettings(Settings):
     @model_validator(mode="after")
     def _coherent(self):
         if self.name == "none":  # (a saved experiment's JSON holds the defaults: those pass)
-            stray = _changed(self)
+            stray = changed(self)  # a section off takes none
             if stray:
                 raise ValueError(f"secagg.{stray[0]} means nothing without secure aggregation; "
                                  "choose secagg=secaggplus")
@@ -141,13 +141,6 @@ class SecAggSettings(Settings):
         if clients != shares and shares % 2 == 0:
             shares += 1
         return min(2 * (shares // 2) + 1, clients), threshold
-
-
-def _changed(settings: Settings) -> list[str]:
-    """The settings that differ from their defaults (a section off takes none)."""
-    fields = type(settings).model_fields
-    return [key for key, field in fields.items()
-            if key != "name" and getattr(settings, key) != field.default]
 
 
 def float_keys(arrays: dict[str, np.ndarray]) -> list[str]:

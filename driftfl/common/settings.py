@@ -58,6 +58,13 @@ class Named(Settings):
     name: str
 
 
+def changed(settings: Settings) -> list[str]:
+    """The settings of a named section (all but ``name``) that differ from their defaults."""
+    fields = type(settings).model_fields
+    return [key for key, field in fields.items()
+            if key != "name" and getattr(settings, key) != field.default]
+
+
 def validated(cls: type[S], data: Mapping[str, Any], prefix: str = "") -> S:
     """``cls`` built from ``data``, or a ConfigError whose one line names the first problem;
     ``prefix`` is where ``data`` sits in the experiment (e.g. ``strategy.``)."""

@@ -282,11 +282,6 @@ class DriftStrategy(FederatedEvaluation, ReplyGuard, FedAvg):
         order) for this round; {} when the method sends none."""
         return {}
 
-    def payload_terms(self, update: ClientUpdate) -> list[np.ndarray]:
-        """A checked reply's payload term, as ``payload`` orders it."""
-        record = update.message.content.array_records[self.payload_record]
-        return [record[k].numpy() for k in self.payload()]
-
     def knowledge(self, server_round: int) -> dict:
         """Further named records a method sends with the global model (none for FedAvg)."""
         return {}
@@ -444,10 +439,12 @@ class DriftStrategy(FederatedEvaluation, ReplyGuard, FedAvg):
             refused = None
             aggregate = self.private.combine(updates, self.global_arrays, len(self.trained),
                                              server_round)
-            if self.payload():
-                self.payload_sum = dict(zip(self.payload(), self.private.sum_payload(
-                    [self.payload_terms(u) for u in updates], list(self.payload().values()),
-                    server_round)))
+            if payload := self.payload():  # each checked reply's term, as payload orders it
+                records = [u.message.content.array_records[self.payload_record]
+                           for u in updates]
+                self.payload_sum = dict(zip(payload, self.private.sum_payload(
+                    [[r[k].numpy() for k in payload] for r in records],
+                    list(payload.values()), server_round)))
         else:
             refused = self.aggregation.refuse(updates)
             aggregate = {} if refused else self.aggregation.aggregate(updates, self.global_arrays)

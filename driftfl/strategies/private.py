@@ -27,7 +27,7 @@ import numpy as np
 from driftfl.common.accounting import subsampled_gaussian_epsilon
 from driftfl.common.privacy import PrivacySettings, add_noise, clip_update, float_keys
 
-from .aggregation import ClientUpdate
+from .aggregation import ClientUpdate, model_norm
 
 # a client's noise share of std s over d coordinates has norm at most s (sqrt(d) + TAIL)
 # but with probability exp(-TAIL^2 / 2) (Gaussian concentration): an honest reply never
@@ -131,7 +131,7 @@ class PrivateMean:
         if self.settings.name != "distributed":
             return None
         clip = self.settings.payload_clip
-        norm = float(np.sqrt(sum(float(np.sum(np.square(t, dtype=np.float64))) for t in terms)))
+        norm = model_norm(dict(enumerate(terms)))
         bound = (1 + ROUNDING) * clip + self.settings.share_noise_std(clients, clip) * (
             math.sqrt(sum(t.size for t in terms)) + TAIL)
         if norm > bound:
@@ -165,9 +165,8 @@ class PrivateMean:
         keys = float_keys(global_arrays)
         delta = [update.arrays[k] - global_arrays[k] for k in keys]
         norm = float(np.sqrt(sum(float(np.sum(np.square(d, dtype=np.float64))) for d in delta)))
-        model = float(np.sqrt(sum(float(np.sum(np.square(global_arrays[k], dtype=np.float64)))
-                                  for k in keys)))
-        bound = self.reply_bound(sum(d.size for d in delta), clients) + ROUNDING * model
+        bound = (self.reply_bound(sum(d.size for d in delta), clients)
+                 + ROUNDING * model_norm(global_arrays))
         if norm > bound:
             return (f"its update's norm {norm:.4g} exceeds what privacy=distributed lets a "
                     f"client send ({bound:.4g}: clip {self.settings.clip:g} plus its noise)")
