@@ -6,7 +6,7 @@
 # (client_test_fraction=0.2) and measuring it before and after local training every round;
 # without dropout and with 20 % of each round's clients dropping out (heterogeneity=dropout).
 # 6 methods x 3 seeds x 2 conditions = 36 runs of 3-7.5 minutes on 2 cores: about 3.5 hours,
-# no dropout first.
+# one seed at a time with both conditions, so that a table cut short still compares like with like.
 #
 # Each finished run's small files (config.yaml, meta.json, metrics.json, metrics.csv,
 # clients.csv, summary.json) are kept under docs/results/client-eval/<condition>/<label>/seed<k>;
@@ -19,8 +19,8 @@ OUT=${1:-$HOME/driftfl-results/client-eval}
 KEEP=docs/results/client-eval
 DRIFTFL=.venv/bin/driftfl
 export FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1
-for condition in none dropout; do
-  for seed in 0 1 2; do
+for seed in 0 1 2; do
+  for condition in none dropout; do
     for method in fedavg fedcsd fedssd dcfl moon fedntd; do
       dir="$OUT/$condition/$method/seed$seed" kept="$KEEP/$condition/$method/seed$seed"
       [[ -f $kept/summary.json ]] && continue
