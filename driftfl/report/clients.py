@@ -1,6 +1,7 @@
 """Per-client evaluation in the report: the spread columns of each run's last evaluated round
 (client_acc_before_mean, ..., client_acc_after_best) as mean ± std over the runs, and a plot
-of the spread across clients per round (mean, worst 10 % and best client after training)."""
+of the spread across clients per round (mean, worst 10 % and best client, before and after
+local training)."""
 
 from __future__ import annotations
 
@@ -34,33 +35,37 @@ def cells(group: Group) -> list[str]:
 
 
 def plot_spread(groups: list[Group], path: Path) -> None:
-    """Per round, each group's mean client accuracy after training (mean over runs), with the
-    worst 10 % of clients dashed and the band up to the best client."""
+    """Per round, each group's mean client accuracy (mean over runs) with the worst 10 % of
+    clients dashed and the band up to the best client: before local training (the global model
+    on each client's split: who it leaves behind) beside after (each client's trained model)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import numpy as np
 
-    fig, ax = plt.subplots(figsize=(8, 5))
-    for i, group in enumerate(g for g in groups if recorded([g])):
-        by_round: dict[int, list[dict]] = {}
-        for run in group.runs:
-            for row in run.trained:
-                if number(row.get("client_acc_after_mean")):
-                    by_round.setdefault(row["round"], []).append(row)
-        rounds = sorted(by_round)
-        mean, worst, best = (100 * np.array([np.mean([r[f"client_acc_after_{s}"]
-                                                       for r in by_round[k]]) for k in rounds])
-                             for s in ("mean", "worst10", "best"))
-        line, = ax.plot(rounds, mean, marker=".", label=f"{group.title}: mean client")
-        ax.plot(rounds, worst, linestyle="--", color=line.get_color(),
-                label=f"{group.title}: worst 10 %")
-        ax.fill_between(rounds, worst, best, color=line.get_color(), alpha=0.12)
-    ax.set(xlabel="round", ylabel="client accuracy after local training (%)",
-           title="spread across clients (band: worst 10 % to best), mean over runs")
-    ax.xaxis.get_major_locator().set_params(integer=True)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1), borderaxespad=0)
+    fig, axes = plt.subplots(1, 2, figsize=(13, 5), sharey=True)
+    for phase, ax in zip(("before", "after"), axes):
+        for group in (g for g in groups if recorded([g])):
+            by_round: dict[int, list[dict]] = {}
+            for run in group.runs:
+                for row in run.trained:
+                    if number(row.get(f"client_acc_{phase}_mean")):
+                        by_round.setdefault(row["round"], []).append(row)
+            rounds = sorted(by_round)
+            mean, worst, best = (100 * np.array([np.mean([r[f"client_acc_{phase}_{s}"]
+                                                           for r in by_round[k]])
+                                                  for k in rounds])
+                                 for s in ("mean", "worst10", "best"))
+            line, = ax.plot(rounds, mean, marker=".", label=f"{group.title}: mean client")
+            ax.plot(rounds, worst, linestyle="--", color=line.get_color(),
+                    label=f"{group.title}: worst 10 %")
+            ax.fill_between(rounds, worst, best, color=line.get_color(), alpha=0.12)
+        ax.set(xlabel="round", title=f"{phase} local training")
+        ax.xaxis.get_major_locator().set_params(integer=True)
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("client accuracy on its held-out split (%)")
+    fig.suptitle("spread across clients (band: worst 10 % to best), mean over runs")
+    axes[1].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1), borderaxespad=0)
     fig.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(fig)
