@@ -346,9 +346,12 @@ def test_simulation_and_deployment_train_the_same_bytes_also_across_a_superlink_
     same partitions, the same order of sums, the same torch thread count, the same model. The
     deployed run (`driftfl run superlink=...`) loses its SuperLink after a round: driftfl
     exits non-zero saying how to go on; the SuperLink starts again on its database, the
-    SuperNodes reconnect, and the resumed run ends with the same bytes."""
+    SuperNodes reconnect, and the resumed run ends with the same bytes. Each node holds out
+    the same split (client_test_fraction) and trains the epochs the server drew for it
+    (heterogeneity=epochs), so the per-client figures match too."""
     overrides = ["strategy=fedcsd", "model=mlp", "dataset.subset=3000", "dataset.test_subset=1000",
-                 "num_clients=2", "rounds=3", "seed=3"]
+                 "num_clients=2", "rounds=3", "seed=3", "client_test_fraction=0.2",
+                 "heterogeneity=epochs", "heterogeneity.max_epochs=3"]
     simulated, deployed = tmp_path / "simulated", tmp_path / "deployed"
     out = subprocess.run([driftfl_bin(), "run", *overrides, f"hydra.run.dir={simulated}"],
                          cwd=tmp_path, capture_output=True, text=True, timeout=600)
@@ -388,6 +391,9 @@ def test_simulation_and_deployment_train_the_same_bytes_also_across_a_superlink_
     rows = [json.loads((d / "metrics.json").read_text())["rounds"] for d in (simulated, deployed)]
     assert [r["test_accuracy"] for r in rows[0]] == [r["test_accuracy"] for r in rows[1]]
     assert (simulated / "model.pt").read_bytes() == (deployed / "model.pt").read_bytes()
+    assert len({r["local_steps"] for r in rows[1][1:]}) > 1  # the drawn epochs differ by round
+    per_client = [(d / "clients.csv").read_text() for d in (simulated, deployed)]
+    assert per_client[0] == per_client[1] and len(per_client[0].splitlines()) == 1 + 3 * 2
 
 
 def test_secaggplus_aggregates_securely_through_real_supernodes(tmp_path, fmnist_available):
