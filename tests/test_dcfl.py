@@ -357,6 +357,17 @@ def test_a_reply_with_a_bad_condensed_set_changes_no_dcfl_state(fmnist_available
     assert (strategy.explored, strategy.store) == before
 
 
+def test_a_dcfl_node_that_sends_nothing_back_is_reported_late(fmnist_available, server_task):
+    strategy, arrays, clients = run_rounds(["strategy=dcfl", *TINY,
+                                            "strategy.pretrain_requests=0"], 1)
+    grid = InProcessGrid(fmnist_nodes(4))
+    messages = list(strategy.configure_train(2, to_record(arrays), ConfigRecord({}), grid))
+    asked = [m.metadata.dst_node_id for m in messages]
+    assert strategy.trained == asked and len(asked) == 2
+    assert strategy.accept([]) == []
+    assert strategy.report.late == [str(clients[n]["partition_id"]) for n in asked]
+
+
 def test_finetune_own_set_sends_the_clients_own_set_back_after_the_filtered_group(
         fmnist_available, server_task):
     """Algorithm 2 line 13's reading: the received images are the group's, filtered, then the
