@@ -3,7 +3,7 @@
 - Parts chosen in config: a ``selection`` (which nodes train) and an ``aggregation`` (how the
   checked replies become the next global model), with the clients' local ``objective``.
 - Reproducible sampling: the seed and the round fix which clients train, by partition id, not by
-  the random node ids Flower assigns.
+  the random node ids Flower assigns (``clients.KnownClients``).
 - Every train message carries the experiment, the dataset description and the local objective.
 - Replies are checked before they touch the global model (see ``aggregation.check_reply``):
   the common checks, the number of examples against what the node reported in the data
@@ -41,13 +41,13 @@ from driftfl.common.training import TrainSettings
 
 from .aggregation import (Aggregation, ClientUpdate, check_reply, example_weights, mean_metrics,
                           norm_bound, to_numpy, to_record, update_norm)
+from .clients import KnownClients
 from .guard import ReplyGuard
-from .nodes import wait_for_nodes
 from .federated_evaluation import FederatedEvaluation
 from .parts import AGGREGATIONS, SELECTIONS
 from .private import PrivateMean
 from .round_plan import RoundPlan
-from .selection import ExploredClients, Selection
+from .selection import Selection
 
 if TYPE_CHECKING:
     from .aux_set import AuxSet
@@ -79,7 +79,7 @@ class RoundReport:
     evaluate_metrics: dict[str, float] = field(default_factory=dict)
 
 
-class DriftStrategy(FederatedEvaluation, ReplyGuard, FedAvg):
+class DriftStrategy(FederatedEvaluation, ReplyGuard, KnownClients, FedAvg):
     """FedAvg with driftfl's parts, sampling, message content and reply checks."""
 
     Settings: ClassVar[type[StrategySettings]] = StrategySettings
@@ -195,75 +195,6 @@ class DriftStrategy(FederatedEvaluation, ReplyGuard, FedAvg):
         """This class's own constructor arguments, from the method's checked settings (and the
         experiment's, for the few a strategy needs: the seed, ...)."""
         return {}
-
-    def meet(self, clients: list[dict]) -> None:
-        """What the data survey found, before the first round: each client's node_id,
-        partition_id, num_examples and label_histogram."""
-        self.node_rank = {c["node_id"]: c["partition_id"] for c in clients}
-        self.surveyed = {c["node_id"]: c["num_examples"] for c in clients}
-        # a survey always has one; unit tests' hand-made clients may not (then: not checked)
-        self.histograms = {c["node_id"]: np.asarray(c["label_histogram"]) for c in clients
-                           if "label_histogram" in c}
-        self.aggregation.meet(clients)
-
-    def rejoin(self, clients: list[dict], moved: dict[int, int]) -> None:
-        """Clients came back under new node ids (old -> new): meet them all again."""
-        self.meet(clients)
-        self.rekey(moved)
-
-    def rekey(self, moved: dict[int, int]) -> None:
-        """State kept by node id follows its client to a new node id (old -> new): a restarted
-        SuperNode, a resumed run. FedAvg keeps none."""
-
-    # -- which clients train -------------------------------------------------------------
-    def sample(self, server_round: int, grid: Grid) -> list[int]:
-        """floor(fraction * nodes) clients (at least min_train_nodes), chosen by the selection
-        among the surveyed nodes (a node the survey refused never trains)."""
-        nodes = self.available(server_round, grid)
-        return self.selection.select(server_round, nodes, self.train_count(len(nodes)),
-                                     self.explored_clients())
-
-    def available(self, server_round: int, grid: Grid) -> list[int]:
-        """The surveyed nodes connected now, in rank order."""
-        nodes = (self.roster(server_round, self.report.lost_nodes) if self.roster
-                 else wait_for_nodes(grid, self.min_available_nodes))
-        return sorted(filter(self.usable, nodes), key=self.rank)
-
-    def train_count(self, available: int) -> int:
-        count = max(self.min_train_nodes, math.floor(available * self.fraction_train + 1e-9))
-        return min(count, available)
-
-    def explored_clients(self) -> ExploredClients | None:
-        """What the strategy knows of the clients, for a selection that needs it (DCFL)."""
-        return None
-
-    def usable(self, node: int) -> bool:
-        """Whether the data survey accepted this node (every node before a survey)."""
-        return self.surveyed is None or node in self.surveyed
-
-    def client_name(self, node: int) -> str:
-        """A client as logs and the run directory name it: its partition id, or for a node
-        with its own data (no partition) its node id."""
-        partition = self.node_rank.get(node, -1)
-        return str(partition) if partition >= 0 else f"node{node}"
-
-    def survey_count(self, node: int) -> float:
-        """The examples the data survey found on this node: the most a reply may claim
-        (unbounded before a survey, in unit tests; 0 for a node the survey refused)."""
-        return math.inf if self.surveyed is None else self.surveyed.get(node, 0)
-
-    def describe(self, node: int) -> str:
-        partition = self.node_rank.get(node, -1)
-        return f"partition {partition} (node {node})" if partition >= 0 else f"node {node}"
-
-    def rank(self, node: int) -> tuple[float, int]:
-        """A node's place in every ordering: its partition id, then its node id."""
-        return self.node_rank.get(node, math.inf), node
-
-    def in_node_order(self, replies: Iterable[Message]) -> list[Message]:
-        """Replies sorted by node, not by arrival: sums in floating point depend on the order,
-        and arrival order would make runs with the same seed differ."""
-        return sorted(replies, key=lambda msg: self.rank(msg.metadata.src_node_id))
 
     # -- what they receive ---------------------------------------------------------------
     def before_train(self, server_round: int, nodes: list[int], config: ConfigRecord,
@@ -406,12 +337,6 @@ class DriftStrategy(FederatedEvaluation, ReplyGuard, FedAvg):
         """How ``local_steps`` counts, for a rejection's message."""
         return self.plan.training(update.node_id, self.local_training).in_words(
             f"its {update.num_examples:.12g} examples")
-
-    def plan_key(self, node: int) -> int:
-        """The node's key in the round plan's draws: its partition id (a node with its own
-        data, which has none: its node id)."""
-        partition = self.node_rank.get(node, -1)
-        return partition if partition >= 0 else node % 2**31
 
     def refuse_aggregate(self, arrays: dict[str, np.ndarray]) -> str | None:
         """Why an aggregate must not replace the global model (None: it may)."""
