@@ -15,7 +15,7 @@ from driftfl.common.config import compose
 from driftfl.common.errors import ConfigError
 from driftfl.common.training import TrainSettings
 from driftfl.methods import build_strategy, check_experiment
-from driftfl.common.protocol import (ARRAYS, DATASET_META, EXPERIMENT, LABEL_HISTOGRAM,
+from driftfl.common.protocol import (ARRAYS, DATASET_META, LABEL_HISTOGRAM,
                                      LOCAL_STEPS, METRICS, NUM_EXAMPLES, PARTITION_ID)
 from driftfl.server.app import run_experiment
 from driftfl.server.experiment import prepare_experiment

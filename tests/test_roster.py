@@ -13,7 +13,7 @@ from driftfl.common.errors import ConfigError
 from driftfl.common.protocol import DATASET_META
 from driftfl.server.roster import Roster
 from driftfl.strategies import FedAvg
-from test_reply_checks import (GLOBAL, META, ScriptedGrid, metadata, summary_reply, surveyed,
+from test_reply_checks import (GLOBAL, META, ScriptedGrid, summary_reply, surveyed,
                                train_reply)
 
 CLIENTS = [{"node_id": 10 + p, "partition_id": p, "num_examples": 5,

@@ -15,7 +15,7 @@ from driftfl.common.config import ExperimentConfig
 from driftfl.common.columns import forged_column
 from driftfl.common.protocol import (ARRAYS, LOCAL_STEPS, METRICS, NUM_EXAMPLES,
                                      PER_CLASS_METRICS)
-from driftfl.common.settings import NoSettings, Settings
+from driftfl.common import settings
 
 
 @dataclass(frozen=True)
@@ -180,7 +180,8 @@ class Aggregation:
     Every other rule refines it: its weights (FedDisco), its update (FedNova), or the whole
     aggregate (robust rules)."""
 
-    Settings: ClassVar[type[Settings]] = NoSettings  # the ``aggregation`` section's settings
+    # the ``aggregation`` section's settings
+    Settings: ClassVar[type[settings.Settings]] = settings.NoSettings
     # robust rules apply themselves to a method's extra payloads too (``combine``); a method
     # keeps its paper's own formula for those under a plain rule
     robust: ClassVar[bool] = False
