@@ -44,9 +44,13 @@ def plot_spread(groups: list[Group], path: Path) -> None:
     import matplotlib.pyplot as plt
     import numpy as np
 
+    shown = [g for g in groups if recorded([g])]
+    # past the default cycle's 10 colours, 20 paired ones, so that no two groups share one
+    colours = plt.get_cmap("tab10" if len(shown) <= 10 else "tab20").colors
     fig, axes = plt.subplots(1, 2, figsize=(13, 5), sharey=True)
     for phase, ax in zip(("before", "after"), axes):
-        for group in (g for g in groups if recorded([g])):
+        ax.set_prop_cycle(color=colours)
+        for group in shown:
             by_round: dict[int, list[dict]] = {}
             for run in group.runs:
                 for row in run.trained:
