@@ -5,7 +5,7 @@
 # pathological #C=2), seeds 0-2, each client holding out 20 % of its data
 # (client_test_fraction=0.2) and measuring it before and after local training every round;
 # without dropout and with 20 % of each round's clients dropping out (heterogeneity=dropout).
-# 6 methods x 3 seeds x 2 conditions = 36 runs of 3-7.5 minutes on 2 cores: about 3.5 hours,
+# 6 methods x 3 seeds x 2 conditions = 36 runs of 2-5 minutes on 2 cores: about 2 h 15 min,
 # one seed at a time with both conditions, so that a table cut short still compares like with like.
 #
 # Each finished run's small files (config.yaml, meta.json, metrics.json, metrics.csv,
