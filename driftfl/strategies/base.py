@@ -235,13 +235,19 @@ class DriftStrategy(FederatedEvaluation, ReplyGuard, KnownClients, FedAvg):
         shared = {ARRAYS: arrays, CONFIG: config, **self.knowledge(server_round)}
         content = RecordDict(shared)
         log(INFO, "configure_train: %d of the nodes train in round %d", len(nodes), server_round)
-        self.trained = list(nodes)
         messages = []
         for node in nodes:
             own = {**self.node_knowledge(server_round, node), **self.plan.record(node)}
             messages += self._construct_messages(RecordDict({**shared, **own}) if own else content,
                                                  [node], MessageType.TRAIN)
+        return self.keep_sent(messages)
+
+    def keep_sent(self, messages: list[Message]) -> list[Message]:
+        """Keep the round's train messages and the nodes they go to (``trained``), for every
+        strategy's ``configure_train``: a node that sends nothing back is then reported lost or
+        late, and DP counts the clients sent a message."""
         self.train_messages = messages
+        self.trained = [msg.metadata.dst_node_id for msg in messages]
         return messages
 
     # -- what comes back -----------------------------------------------------------------

@@ -253,7 +253,6 @@ class DCFL(DriftStrategy):
                                 self.survey_count, self.local_training)  # less the dropped
         self.log.selected = self.partition_ids(nodes)
         self.log.exploited = self.partition_ids(self.selection.last_exploited)
-        self.trained = list(nodes)  # a node that sends nothing back is then reported lost or late
         self.asked = {n for n in nodes if n not in self.store}
         self.checked_sets = {}
         self.sent_images = {}
@@ -276,8 +275,7 @@ class DCFL(DriftStrategy):
                     self.log.bytes_sent += images.nbytes + labels.nbytes
             messages += self._construct_messages(RecordDict(content), [node], MessageType.TRAIN)
         log(INFO, "configure_train: %d of the nodes train in round %d", len(nodes), server_round)
-        self.train_messages = messages
-        return messages
+        return self.keep_sent(messages)
 
     def announce(self) -> None:
         """What will leave the clients, said before any of it does."""
