@@ -12,15 +12,16 @@ only the clients that trained in the round, so a pair would compare different cl
 from __future__ import annotations
 
 import argparse
-import statistics
 from pathlib import Path
 
+from curve_stats import FIGURES as CURVE, curve_figures
 from driftfl.report import find_runs, mean_std
 
+# the final accuracy, then curve_stats.py's figures of the curve's tail, read as it reads them
 FIGURES = {
     "final": lambda acc: acc[-1],
-    "last 5": lambda acc: statistics.fmean(acc[-5:]),
-    "worst of last 10": lambda acc: min(acc[-10:]),
+    **{name: (lambda acc, i=CURVE.index(name): curve_figures(acc)[i])
+       for name in ("last 5", "worst of last 10")},
 }
 
 
@@ -32,7 +33,8 @@ def main() -> None:
     parser.add_argument("--condition", default="dropout")
     args = parser.parse_args()
     runs, _ = find_runs([Path(root) for root in args.roots])  # completed runs only
-    by = {(str(run.value(args.key)), run.value("label"), run.value("seed")): run for run in runs}
+    by = {(str(run.value(args.key)), run.value("label"), run.value("seed")): run for run in runs
+          if len(run.accuracy) >= 11}  # as curve_stats.py: 10 trained rounds make a tail
     labels = sorted({label for _, label, _ in by})
     print(f"{args.condition} − {args.baseline}, in points, mean ± std over paired seeds")
     print("| method | seeds | " + " | ".join(FIGURES) + " |")
