@@ -7,9 +7,10 @@ each of classes 0-4), the MLP, ipc 10, DSA, 200 iterations (DCFL's default), 1 t
   - dp-dm:   DP-DM at a target epsilon of 8 (delta 1e-5): the calibration of each class's noise
              multiplier by dp-accounting (timed apart as `plan`) and the condensation
              (Poisson sampling, per-sample clipping, noise).
-Prints the median seconds of each and the ratio dp-dm / dm; first, the median norm of the real
-images' embeddings under 5 fresh initialisations of the MLP and the CNN (what the default clip
-C = 2.0 was chosen by: no client's data is needed, only public initialisations).
+Prints the median seconds of each and the ratio dp-dm / dm; first, for the MLP, the CNN and
+LeNet-5, the default clip (the median embedding norm of N(0, 1) images under fresh networks from
+a public seed, condense.noise_clip) beside the median norm of these real images' embeddings
+under the same networks, and the share of those the clip shortens.
 
     .venv/bin/python benchmarks/dp_condense_cost.py [--repeats 3] [--iterations 200]
 """
@@ -27,24 +28,27 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from dcfl_cost import client_data  # noqa: E402
 
-from driftfl.client.condense import CondenseConfig, condense  # noqa: E402
+from driftfl.client.condense import (CondenseConfig, condense, noise_clip,  # noqa: E402
+                                     public_networks)
 from driftfl.common import accounting  # noqa: E402
 from driftfl.common.augment import DEFAULT_TRANSFORMS, SiameseAugment, parse_transforms  # noqa: E402,E501
 from driftfl.common.condensation import condensation_settings, privacy_plan  # noqa: E402
 from driftfl.common.models import build_model, mlp  # noqa: E402
 
 
-def embedding_norms(x: torch.Tensor) -> str:
-    """Median embedding norm of ``x`` under 5 fresh initialisations of each model."""
-    found = []
-    for name in ("mlp", "cnn"):
-        norms = []
-        for seed in range(5):
-            torch.manual_seed(seed)
-            with torch.no_grad():
-                norms.append(build_model({"name": name}, (1, 28, 28), 10).features(x).norm(dim=1))
-        found.append(f"{name} {float(torch.cat(norms).median()):.2f}")
-    return ", ".join(found)
+def clip_against_real(name: str, x: torch.Tensor) -> str:
+    """The default clip of model ``name``, and the median norm of the real embeddings and the
+    share clipped under the same networks (eval mode, as DP-DM runs them)."""
+    def make():
+        return build_model({"name": name}, (1, 28, 28), 10)
+
+    clip, norms = noise_clip(make, (1, 28, 28)), []
+    for net, _ in public_networks(make, (1, 28, 28)):
+        with torch.no_grad():
+            norms.append(net.features(x).norm(dim=1))
+    norms = torch.cat(norms)
+    return (f"{name}: default clip {clip:.2f}, real embeddings' median norm "
+            f"{float(norms.median()):.2f}, {float((norms > clip).float().mean()):.0%} clipped")
 
 
 def main() -> None:
@@ -55,7 +59,8 @@ def main() -> None:
     torch.set_num_threads(1)
     x, y = client_data()
     counts = torch.bincount(y, minlength=10).tolist()
-    print(f"median embedding norm, fresh initialisations: {embedding_norms(x)}")
+    for name in ("mlp", "cnn", "lenet5"):
+        print(clip_against_real(name, x))
     config = CondenseConfig(method="dm", init="noise", ipc=10, iterations=args.iterations,
                             lr=1.0, real_per_class=256, log_every=args.iterations)
     augment = SiameseAugment(parse_transforms(DEFAULT_TRANSFORMS))
@@ -72,9 +77,10 @@ def main() -> None:
     for _ in range(args.repeats):
         seconds["dm"].append(run(None))
         started = time.perf_counter()
-        accounting.noise_for_epsilon.cache_clear()  # time the calibration every repetition
-        accounting.subsampled_gaussian_epsilon.cache_clear()
-        plan = privacy_plan(settings, counts)
+        accounting.replace_one_noise_for_epsilon.cache_clear()  # time it every repetition
+        accounting.replace_one_epsilon.cache_clear()
+        plan = privacy_plan(settings, counts, default_clip=noise_clip(
+            lambda: mlp((1, 28, 28), 10), (1, 28, 28)))
         seconds["plan"].append(time.perf_counter() - started)
         seconds["dp-dm"].append(run(plan) + seconds["plan"][-1])
     median = {k: statistics.median(v) for k, v in seconds.items()}

@@ -17,13 +17,13 @@ import numpy as np
 from flwr.app import Array, ArrayRecord
 
 from driftfl.client.privacy import privatise
-from driftfl.common.accounting import subsampled_gaussian_epsilon
+from driftfl.common.accounting import released_epsilon
 from driftfl.common.config import compose
 from driftfl.common.models import build_model
 from driftfl.common.privacy import PrivacySettings
 from driftfl.methods import check_experiment
 from driftfl.strategies.aggregation import Aggregation, ClientUpdate
-from driftfl.strategies.private import PrivateMean
+from driftfl.strategies.release import CentralRelease, RoundFacts
 
 
 def timed(work, repeats: int = 5) -> float:
@@ -54,15 +54,17 @@ def main() -> None:
                                 {"num-examples": 100.0, "local-steps": 4.0}, None)
                    for n in range(m)]
         plain = timed(lambda: Aggregation().aggregate(updates, start))
-        central = PrivateMean(PrivacySettings(name="central"), num_clients=10 * m, per_round=m)
-        private = timed(lambda: central.combine(updates, start, m, server_round=1))
+        central = CentralRelease(PrivacySettings(name="central"), num_clients=10 * m,
+                                 per_round=m, rate=0.1)
+        facts = RoundFacts(start, list(range(m)), {}, "", list(range(10 * m)))
+        private = timed(lambda: central.release(1, facts, updates))
         received = ArrayRecord({k: Array(v) for k, v in start.items()})
         trained = ArrayRecord({k: Array(v) for k, v in updates[0].arrays.items()})
         share = timed(lambda: privatise(trained, received, PrivacySettings(name="distributed"),
-                                        m))
-        subsampled_gaussian_epsilon.cache_clear()
-        accounting = timed(lambda: (subsampled_gaussian_epsilon.cache_clear(),
-                                    subsampled_gaussian_epsilon(0.1, 1.0, 100, 1e-5)))
+                                        max(1, int(0.8 * m))))
+        released_epsilon.cache_clear()
+        accounting = timed(lambda: (released_epsilon.cache_clear(),
+                                    released_epsilon(((0.1, (1.0,)),) * 100, 1e-5)))
         print(f"{m:>4} {plain:>14.3f} {private:>13.3f} {private / plain:>6.2f}   "
               f"{share:>14.3f} {accounting:>10.3f}")
 

@@ -191,6 +191,19 @@ def check_privacy(cfg: ExperimentConfig) -> None:
         raise ConfigError(f"{head} fraction_evaluate={cfg.fraction_evaluate:g}: each client's "
                           "accuracy on its own data would reach the server without noise; set "
                           "fraction_evaluate=0")
+    privacy, per_round = cfg.privacy, cfg.clients_per_round
+    if privacy.name == "distributed" and privacy.noise_shares(per_round) > per_round:
+        raise ConfigError(f"privacy.min_survivors={privacy.min_survivors} asks for "
+                          f"{privacy.noise_shares(per_round)} noise shares, but a round selects "
+                          f"{per_round} clients (num_clients={cfg.num_clients}, fraction="
+                          f"{cfg.fraction:g}); set privacy.min_survivors at most {per_round}")
+    if privacy.adaptive_clip and privacy.noise_multiplier > 0:
+        count_noise = privacy.count_noise or cfg.fraction * cfg.num_clients / 20
+        if privacy.noise_multiplier >= 2 * count_noise:
+            raise ConfigError(f"privacy.adaptive_clip: the count's noise std {count_noise:g} "
+                              f"leaves nothing of noise_multiplier={privacy.noise_multiplier:g} "
+                              f"for the update (it needs count_noise > noise_multiplier / 2); "
+                              f"set privacy.count_noise={privacy.noise_multiplier:g} or more")
 
 # what each aggregation other than the plain mean needs that secure aggregation hides
 SECAGG_LOSES = {

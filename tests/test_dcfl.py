@@ -264,11 +264,60 @@ def test_dp_dm_epsilons_printed_at_the_start_and_recorded_per_client(fmnist_avai
     for partition, epsilon in by_client.items():
         assert f"{partition}: {epsilon:.3g}" in printed
     row = strategy.server_metrics(lambda arrays: 0.0)
-    assert row["condense_epsilon"] and row["condensed_copies"].keys() == \
-        row["condense_epsilon"].keys()
+    assert row["condense_epsilon"].keys() == {f"client_{p}" for p in row["explored_now"].split()}
     for name, epsilon in row["condense_epsilon"].items():
         assert epsilon == pytest.approx(by_client[int(name.removeprefix("client_"))])
-    assert all(share == 0.0 for share in row["condensed_copies"].values())
+    # what no DP covers stays with the clients, the server's row reads its absence
+    assert row["condensed_copies"] == row["condensed_similarity"] == row["condense_seconds"] == {}
+    assert printed.count("have a real image of this client") == len(row["condense_epsilon"])
+
+
+def condense_twice(overrides: list[str], one_run: bool = False
+                   ) -> tuple[list[np.ndarray], list[dict]]:
+    """Two alike dcfl_condense queries (same experiment seed, round and node) through the real
+    ClientApp, to the node of two runs (fresh node state each) or, ``one_run``, twice to the
+    node of one run: the images and metrics of both replies."""
+    from flwr.app import MessageType
+
+    from driftfl.common.protocol import ARRAYS, CONFIG, DCFL_CONDENSE, METRICS, SERVER_ROUND
+
+    experiment = prepare_experiment(compose(["strategy=dcfl", *TINY, *overrides]))
+    record = ConfigRecord({EXPERIMENT: experiment.cfg.to_json(),
+                           DATASET_META: experiment.meta.to_json(), SERVER_ROUND: 0})
+    arrays = model_to_arrays(experiment.initial_model())
+    query = [Message(RecordDict({ARRAYS: arrays, CONFIG: ConfigRecord(dict(record))}),
+                     dst_node_id=100, message_type=f"{MessageType.QUERY}.{DCFL_CONDENSE}")
+             for _ in range(2)]
+    if one_run:
+        replies = InProcessGrid(fmnist_nodes(4)).send_and_receive(query)
+    else:
+        replies = [InProcessGrid(fmnist_nodes(4)).send_and_receive([q])[0] for q in query]
+    assert not any(reply.has_error() for reply in replies)
+    return ([r.content.array_records[CONDENSED]["images"].numpy() for r in replies],
+            [dict(r.content.metric_records[METRICS]) for r in replies])
+
+
+def test_dp_dm_through_the_client_app_draws_fresh_noise_and_sends_its_epsilon_only(
+        fmnist_available, server_task):
+    """The seed the handler gives (experiment seed, round, partition) is the server's to know:
+    under DP-DM the same query twice condenses to other images; without DP to the same."""
+    from driftfl.common.protocol import CONDENSE_EPSILON, CONDENSED_COPIES
+
+    images, metrics = condense_twice(["strategy.condense_dp=true",
+                                      "strategy.condense_dp_noise=1.5"])
+    assert not np.array_equal(*images)
+    assert set(metrics[0]) == set(metrics[1]) == {NUM_EXAMPLES, CONDENSE_EPSILON}
+    assert metrics[0][CONDENSE_EPSILON] == metrics[1][CONDENSE_EPSILON]  # public counts only
+    images, metrics = condense_twice([])
+    assert np.array_equal(*images) and CONDENSED_COPIES in metrics[0]
+
+
+def test_dp_dm_releases_a_nodes_set_once_per_run(fmnist_available, server_task):
+    """Asked again in one run (a round re-run after a crash), a DP-DM node sends the set it
+    released before: condensing anew would spend its epsilon a second time."""
+    images, metrics = condense_twice(["strategy.condense_dp=true",
+                                      "strategy.condense_dp_noise=1.5"], one_run=True)
+    assert np.array_equal(*images) and metrics[0] == metrics[1]
 
 
 def test_real_initialisation_warns_how_close_the_images_are(fmnist_available, server_task,

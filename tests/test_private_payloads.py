@@ -11,7 +11,7 @@ import dp_accounting
 import numpy as np
 import pytest
 from dp_accounting.rdp import RdpAccountant
-from flwr.app import Array, ArrayRecord, ConfigRecord
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, RecordDict
 
 from driftfl.client.privacy import privatise_payload
 from driftfl.common.config import compose
@@ -22,7 +22,8 @@ from driftfl.methods import build_strategy, check_experiment
 from driftfl.server.experiment import prepare_experiment
 from driftfl.server.secure import secure_train_round
 from driftfl.server.survey import survey_clients
-from driftfl.strategies.private import PrivateMean
+from driftfl.strategies.aggregation import ClientUpdate
+from driftfl.strategies.release import CentralRelease, DistributedRelease, RoundFacts
 from driftfl.strategies.prototypes import from_sum, holders
 from test_methods import InProcessGrid, fmnist_nodes
 from test_secagg import RecordingGrid
@@ -41,38 +42,66 @@ def l2(arrays) -> float:
 
 
 # -- the mechanism --------------------------------------------------------------------------
+GLOBAL = {"w": np.zeros(3, np.float32)}
+SHAPES = {"a": (2,), "b": (1,)}
+
+
+def facts(sent: int, payload=SHAPES) -> RoundFacts:
+    return RoundFacts(GLOBAL, list(range(sent)), payload, CONTROL_DELTA, list(range(sent)))
+
+
+def with_payload(node: int, terms: list[np.ndarray]) -> ClientUpdate:
+    """A reply whose model did not move, with these payload terms (SHAPES' arrays)."""
+    record = ArrayRecord({k: Array(np.asarray(t, np.float32)) for k, t in zip(SHAPES, terms)})
+    message = Message(RecordDict({CONTROL_DELTA: record}), dst_node_id=node, message_type="train")
+    return ClientUpdate(node, dict(GLOBAL), {}, message)
+
+
+def central(clients: int, sigma: float, clip: float = 1.0, payload: str = "a payload"):
+    return CentralRelease(settings("central", sigma, clip), num_clients=clients,
+                          per_round=clients, rate=1.0, payload=payload)
+
+
 def test_epsilon_composes_the_payloads_gaussian_inside_the_sampled_round():
     """Two Gaussian sums a round (the update's and the payload's, each clipped to its own norm,
     noised by the same sigma), in one Poisson sample: dp-accounting's own figure, and more than
     the update's alone."""
-    plain = PrivateMean(settings("central", 1.1), num_clients=100, per_round=20)
-    both = PrivateMean(settings("central", 1.1), num_clients=100, per_round=20,
-                       payload="SCAFFOLD's control deltas")
+    plain = CentralRelease(settings("central", 1.1), num_clients=100, per_round=20, rate=0.2)
+    both = CentralRelease(settings("central", 1.1), num_clients=100, per_round=20, rate=0.2,
+                          payload="SCAFFOLD's control deltas")
+    for r in range(1, 31):
+        plain.release(r, facts(1, {}), [])
+        both.release(r, facts(1), [])
     gaussian = dp_accounting.GaussianDpEvent(1.1)
     accountant = RdpAccountant()
     accountant.compose(dp_accounting.SelfComposedDpEvent(dp_accounting.PoissonSampledDpEvent(
         0.2, dp_accounting.ComposedDpEvent([gaussian, gaussian])), 30))
-    assert both.parts == 2 and plain.parts == 1
     assert both.epsilon(30) == pytest.approx(accountant.get_epsilon(1e-5), rel=1e-12)
     assert both.epsilon(30) > 1.2 * plain.epsilon(30)
+    assert both.columns(30)["dp_sigma_payload"] == 1.1 and "dp_sigma_payload" not in \
+        plain.columns(30)
 
 
-def test_central_clips_each_term_and_noises_the_sum_by_sigma_times_the_payload_clip():
-    private = PrivateMean(settings("central", 0.0, clip=1.0), num_clients=4, per_round=2)
-    big, small = [np.array([3.0, 4.0]), np.array([0.0])], [np.array([0.0, 0.5]), np.array([0.0])]
-    total = private.sum_payload([big, small], [(2,), (1,)], server_round=1)
-    np.testing.assert_allclose(total[0], [0.6, 0.8 + 0.5])  # 5 -> 1, 0.5 kept
+def test_central_clips_each_term_and_noises_the_sum_by_sigma_times_the_payload_clip(
+        server_task):
+    release = central(2, 0.0, clip=1.0)
+    big = with_payload(1, [np.array([3.0, 4.0]), np.array([0.0])])
+    small = with_payload(2, [np.array([0.0, 0.5]), np.array([0.0])])
+    total = release.release(1, facts(2), [big, small]).payload_sum
+    np.testing.assert_allclose(total["a"], [0.6, 0.8 + 0.5])  # 5 -> 1, 0.5 kept
     # one client moves the sum by at most the clip, however large its term
-    huge = [np.array([3e6, 4e6]), np.array([0.0])]
-    moved = private.sum_payload([huge, small], [(2,), (1,)], 1)
-    assert l2([moved[0] - total[0] + np.array([0.6, 0.8])]) <= 1.0 + 1e-9
-    noisy = PrivateMean(settings("central", 2.0, clip=0.5), num_clients=4, per_round=2)
-    zeros = [np.zeros(200_000)]
-    noise = noisy.sum_payload([zeros, zeros], [(200_000,)], server_round=3)[0]
+    huge = with_payload(1, [np.array([3e6, 4e6]), np.array([0.0])])
+    moved = release.release(2, facts(2), [huge, small]).payload_sum
+    assert l2([moved["a"] - np.array([0.0, 0.5])]) <= 1.0 + 1e-6
+    noisy = CentralRelease(settings("central", 2.0, clip=0.5), num_clients=2, per_round=2,
+                           rate=1.0, payload="a payload")
+    wide = {"a": (200_000,)}
+    quiet = ClientUpdate(1, dict(GLOBAL), {}, Message(RecordDict({CONTROL_DELTA: ArrayRecord(
+        {"a": Array(np.zeros(200_000, np.float32))})}), dst_node_id=1, message_type="train"))
+    noise = noisy.release(3, facts(2, wide), [quiet]).payload_sum["a"]
     assert np.std(noise) == pytest.approx(2.0 * 0.5, rel=0.01)
-    # the payload's noise is a stream apart from the update's: not a copy of it
-    again = noisy.sum_payload([zeros], [(200_000,)], server_round=3)[0]
-    np.testing.assert_array_equal(noise, again)  # seeded by the run's noise seed and round
+    again = noisy.release(3, facts(2, wide), [quiet]).payload_sum["a"]
+    assert not np.array_equal(noise, again)  # the operating system's noise, never a seed's
 
 
 def test_a_distributed_client_clips_its_payload_and_adds_its_share_of_the_noise():
@@ -84,29 +113,39 @@ def test_a_distributed_client_clips_its_payload_and_adds_its_share_of_the_noise(
                           "counts": Array(counts)})
     out = privatise_payload({CONTROL_DELTA: control, FEATURE_PROTOTYPES: protos,
                              "other": protos}, settings("distributed", 0.0, clip=2.0),
-                            clients=4, rng=rng)
+                            shares=4, rng=rng)
     sent = [out[CONTROL_DELTA][k].numpy() for k in ("b", "w")]
     assert l2(sent) == pytest.approx(2.0, rel=1e-6)  # clipped, direction kept
     assert np.allclose(sent[1], sent[1].flat[0]) and sent[1].dtype == np.float32
     prototypes = out[FEATURE_PROTOTYPES]["prototypes"].numpy()
     assert l2([prototypes]) == pytest.approx(2.0, rel=1e-6)
-    np.testing.assert_array_equal(out[FEATURE_PROTOTYPES]["counts"].numpy(), counts)
+    # the per-class counts stay on the client: the server's denominators are public
+    assert set(out[FEATURE_PROTOTYPES].keys()) == {"prototypes"}
     assert out["other"] is protos  # a record that is no summed payload goes as it is
     big = ArrayRecord({"w": Array(np.zeros(400_000, np.float32))})
     noised = privatise_payload({CONTROL_DELTA: big}, settings("distributed", 1.5, clip=2.0),
-                               clients=9, rng=rng)[CONTROL_DELTA]["w"].numpy()
-    assert np.std(noised) == pytest.approx(1.5 * 2.0 / 3, rel=0.01)  # sigma C_p / sqrt(m)
-    central = privatise_payload({CONTROL_DELTA: big}, settings("central", 1.5), clients=9)
-    assert central[CONTROL_DELTA] is big  # the server clips and noises
+                               shares=9, rng=rng)[CONTROL_DELTA]["w"].numpy()
+    assert np.std(noised) == pytest.approx(1.5 * 2.0 / 3, rel=0.01)  # sigma C_p / sqrt(m_min)
+    central_ = privatise_payload({CONTROL_DELTA: big}, settings("central", 1.5), shares=9)
+    assert central_[CONTROL_DELTA] is big  # the server clips and noises
 
 
-def test_a_distributed_payload_beyond_its_clip_and_noise_is_refused():
-    private = PrivateMean(settings("distributed", 1.0, clip=2.0), num_clients=10, per_round=4)
-    share = 1.0 * 2.0 / 2  # sigma C_p / sqrt(m)
-    honest = [np.full(10_000, 2.0 / 100) + np.random.default_rng(1).normal(0, share, 10_000)]
-    assert private.reject_payload(honest, clients=4) is None
-    assert "exceeds what privacy=distributed lets a client send" in private.reject_payload(
-        [np.full(10_000, 5.0)], clients=4)
+def test_a_distributed_payload_beyond_its_clip_and_noise_is_refused(server_task):
+    private = PrivacySettings(name="distributed", noise_multiplier=1.0, payload_clip=2.0,
+                              min_survivors=4)
+    release = DistributedRelease(private, num_clients=10, per_round=4, payload="a payload")
+    wide = {"a": (10_000,)}
+    share = 1.0 * 2.0 / 2  # sigma C_p / sqrt(m_min)
+
+    def reply(term):
+        return ClientUpdate(1, dict(GLOBAL), {}, Message(RecordDict({CONTROL_DELTA: ArrayRecord(
+            {"a": Array(term.astype(np.float32))})}), dst_node_id=1, message_type="train"))
+
+    honest = np.full(10_000, 2.0 / 100) + np.random.default_rng(1).normal(0, share, 10_000)
+    assert release.admit(reply(honest), facts(4, wide)) is None
+    assert "exceeds what privacy=distributed lets a client send" in release.admit(
+        reply(np.full(10_000, 5.0)), facts(4, wide))
+    assert "is not [10000] finite floats" in release.admit(reply(np.zeros(3)), facts(4, wide))
 
 
 def test_prototypes_from_the_sum_divide_by_the_surveyed_holders():
@@ -207,19 +246,19 @@ def test_scaffold_through_secagg_moves_c_by_the_sum_of_the_control_deltas(fmnist
 def test_fedcsd_prototypes_through_secagg_and_distributed_dp_after_a_dropout(
         fmnist_available, server_task):
     """prototypes=previous under privacy=distributed (no noise, to compare) and SecAgg+: P_G is
-    the survivors' clipped P_k summed, over the holders among the clients sent a message."""
+    the survivors' clipped P_k summed, over the holders among the survivors."""
     drop = 101
     overrides = ["strategy=fedcsd", "strategy.prototypes=previous"]
     private = ["secagg=secaggplus", "privacy=distributed", "privacy.noise_multiplier=0",
-               "privacy.payload_clip=0.5"]
+               "privacy.payload_clip=0.5", "privacy.min_survivors=2"]
     cfg, strategy, grid, record, arrays = start([*overrides, *private], RecordingGrid, drop=drop)
-    assert secure_train_round(strategy, grid, cfg.secagg, 1, arrays, record, 60,
-                              unweighted=True) is not None
+    assert secure_train_round(strategy, grid, cfg.secagg, 1, arrays, record, 60) is not None
     assert strategy.report.clients == CLIENTS - 1
     terms = plain_payloads(overrides, PROTOTYPES)
     assert all(l2(t) > 0.5 for t in terms.values())  # the clip bites
-    total = sum(clipped(t, 0.5)[0] for n, t in terms.items() if n != drop)
-    expected, present = from_sum(total, holders(strategy.histograms, list(terms), 10))
+    survivors = [n for n in terms if n != drop]
+    total = sum(clipped(terms[n], 0.5)[0] for n in survivors)
+    expected, present = from_sum(total, holders(strategy.histograms, survivors, 10))
     level = 2 * cfg.secagg.clipping_range / cfg.secagg.quantization_range
     assert np.abs(strategy.prototypes - expected).max() <= CLIENTS * CLIENTS * level + 1e-5
     np.testing.assert_array_equal(strategy.present, present)
@@ -235,14 +274,17 @@ def test_the_payload_clip_defaults_to_the_methods_own():
     assert check_experiment(compose(["privacy=central"])).privacy.payload_clip is None
 
 
-def test_the_plan_says_what_the_payload_costs(capsys):
-    cfg = check_experiment(compose(["privacy=central", "strategy=scaffold", "num_clients=10"]))
-    private = PrivateMean(cfg.privacy, num_clients=10, per_round=10,
-                          payload="SCAFFOLD's control deltas")
-    plan = private.plan(5, secure_sum=False)
-    assert ("SCAFFOLD's control deltas clipped to privacy.payload_clip=0.3 per client, their sum "
-            "noised by 1 x 0.3; epsilon composes both sums") in plan
-    assert copy.deepcopy(private).epsilon(5) == private.epsilon(5)
+def test_the_plan_says_what_the_payload_costs(fmnist_available):
+    from driftfl.common.models import build_model
+
+    cfg = check_experiment(compose(["privacy=central", "strategy=scaffold", "num_clients=10",
+                                    "model=mlp"]))
+    release = build_strategy(cfg, build_model(cfg.model, (1, 28, 28), 10)).release
+    assert release.payload == "SCAFFOLD's control deltas"
+    plan = release.plan(5)
+    assert ("SCAFFOLD's control deltas clipped to privacy.payload_clip=0.3 per client and "
+            "summed with noise 1 x 0.3; epsilon composes both sums") in plan
+    assert copy.deepcopy(release).projected(5) == release.projected(5)
 
 
 def test_fedcurv_through_secagg_keeps_totals_and_each_node_takes_its_own_terms_out(

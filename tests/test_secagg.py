@@ -151,16 +151,17 @@ def test_a_client_that_drops_after_sharing_its_keys_leaves_the_mean_of_the_other
                     [plain[n][1] for n in others])
 
 
-def test_distributed_dp_through_secagg_is_the_clipped_sum_over_the_clients_sent(
+def test_distributed_dp_through_secagg_is_the_mean_of_the_survivors_clipped_updates(
         fmnist_available, server_task):
     """privacy=distributed with SecAgg+: each client clips (here without noise, to compare)
-    and weighs 1; the new model moves by the sum of the survivors' clipped updates over the m
-    clients sent a train message, the dropped one counting as a zero update (DP-FedAvg)."""
+    and weighs 1; with min_survivors=2 the round releases the mean of the two survivors'
+    clipped updates, and records the noise multiplier the two shares make."""
     drop = 101
-    private = ["privacy=distributed", "privacy.noise_multiplier=0", "privacy.clip=0.5"]
+    private = ["privacy=distributed", "privacy.noise_multiplier=0", "privacy.clip=0.5",
+               "privacy.min_survivors=2"]
     cfg, strategy, grid, record, arrays, clients = setup(
         lambda nodes: RecordingGrid(nodes, drop=drop), private)
-    new = secure_train_round(strategy, grid, cfg.secagg, 1, arrays, record, 60, unweighted=True)
+    new = secure_train_round(strategy, grid, cfg.secagg, 1, arrays, record, 60)
     assert new is not None and strategy.report.clients == CLIENTS - 1
     plain = plain_updates(record, arrays, clients, overrides=private)
     for update, _ in plain.values():  # what each client sent: clipped to 0.5
@@ -169,8 +170,26 @@ def test_distributed_dp_through_secagg_is_the_clipped_sum_over_the_clients_sent(
     global_arrays = to_numpy(arrays)
     level = 2 * cfg.secagg.clipping_range / cfg.secagg.quantization_range
     worst = max(np.abs(to_numpy(new)[k] - global_arrays[k]
-                       - sum(u[k] for u in survivors) / CLIENTS).max() for k in survivors[0])
-    assert worst <= len(survivors) * level / CLIENTS + 1e-6, worst
+                       - sum(u[k] for u in survivors) / len(survivors)).max()
+                for k in survivors[0])
+    assert worst <= level + 1e-6, worst
+    assert strategy.release.columns(1)["dp_q"] == 1.0  # the server knows the sample
+
+
+def test_distributed_dp_through_secagg_unmasks_nothing_below_min_survivors(
+        fmnist_available, server_task):
+    """With one of three clients lost after sharing its keys and min_survivors=3, the server
+    stops before the unmask stage: it never learns a sum of fewer noise shares than the noise
+    needs, the model stays, and the round is accounted as releasing nothing."""
+    drop = 101
+    private = ["privacy=distributed", "privacy.min_survivors=3"]
+    cfg, strategy, grid, record, arrays, clients = setup(
+        lambda nodes: RecordingGrid(nodes, drop=drop), private)
+    assert secure_train_round(strategy, grid, cfg.secagg, 1, arrays, record, 60) is None
+    assert Stage.UNMASK not in {s for s, _ in grid.sent}
+    assert "fewer than the release needs" in strategy.report.refused_aggregate
+    columns = strategy.release.columns(1)
+    assert columns["dp_sigma"] == np.inf and columns["epsilon"] == 0.0
 
 
 def test_a_methods_own_aggregate_train_runs_on_the_secure_aggregate(fmnist_available,

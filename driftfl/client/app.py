@@ -13,7 +13,7 @@ from flwr.clientapp import ClientApp
 from driftfl.common.client_split import ACC_AFTER, ACC_BEFORE
 from driftfl.common.evaluation import evaluate as evaluate_model
 from driftfl.common.protocol import (ARRAYS, CLASSIFIER, CONDENSE, CONDENSED, CONFIG,
-                                     CSD_PROTOTYPES, DATA_SUMMARY, DCFL_CONDENSE, DP_CLIENTS,
+                                     CSD_PROTOTYPES, DATA_SUMMARY, DCFL_CONDENSE,
                                      LABEL_HISTOGRAM, LOCAL_STEPS, METHOD, METRICS, NUM_EXAMPLES,
                                      PARTITION_ID, PROTOTYPES, TRAIN_LOSS, model_to_arrays)
 
@@ -22,7 +22,7 @@ from .dcfl import DCFLClient, is_dcfl, received_images, to_record
 from .job import ClientJob
 from .objectives import build_objective
 from .objectives.csd import prototype_reply
-from .privacy import disclosed_metrics, privatise, privatise_payload
+from .privacy import disclosed_metrics, noise_shares, privatise, privatise_payload
 from .redaction import keep_paths_local
 from .secure import SECAGG_MODS
 from .train import LogitShift, train_locally
@@ -69,9 +69,9 @@ def train(msg: Message, context: Context) -> Message:
     metrics = MetricRecord(disclosed_metrics({
         NUM_EXAMPLES: stats.num_examples, LOCAL_STEPS: stats.steps, TRAIN_LOSS: stats.mean_loss,
         "logit-shift": shift.measure(model), **objective.diagnostics(), **extra}, exp.privacy))
-    clients = int(msg.content[CONFIG].get(DP_CLIENTS, 1))
-    arrays = privatise(model_to_arrays(model), msg.content[ARRAYS], exp.privacy, clients)
-    records.update(privatise_payload(objective.reply_records(), exp.privacy, clients))
+    shares = noise_shares(exp)
+    arrays = privatise(model_to_arrays(model), msg.content[ARRAYS], exp.privacy, shares)
+    records.update(privatise_payload(objective.reply_records(), exp.privacy, shares))
     return Message(RecordDict({ARRAYS: arrays, METRICS: metrics, **records}), reply_to=msg)
 
 

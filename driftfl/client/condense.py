@@ -20,6 +20,9 @@ at the plan's rate q_c, clips each real embedding to norm C and adds N(0, sigma_
 class's sum, divided by the expected batch size q_c n_c. Only that noised mean touches the
 synthetic images, so each iteration is one subsampled Gaussian mechanism per class; a sample is in
 one class only, so the classes compose in parallel (condensation.PrivacyPlan accounts for it).
+The networks run in eval mode under DP, so that an embedding is a function of its own image only
+(a fresh BatchNorm then normalises by its running statistics, 0 and 1, not by the batch's): the
+clip bounds one image's part, whatever the rest of the batch is.
 
 The authors' paper-grade settings are DM: 20,000 iterations, lr 1.0, 256 real images per class;
 DC/DSA: 1,000 iterations, lr 0.1, outer/inner loops 10/50 at ipc 10. The defaults here are far
@@ -29,7 +32,7 @@ smaller so that condensation runs in reasonable time on a CPU.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -84,12 +87,53 @@ def _seed(generator: torch.Generator) -> int:
 
 
 def _fresh_network(make_network: Callable[[], DriftModel], generator: torch.Generator,
-                   device: torch.device) -> DriftModel:
-    """A new network initialised from ``generator``; the global (CPU) RNG is left as it was."""
+                   device: torch.device, per_example: bool = False) -> DriftModel:
+    """A new network initialised from ``generator``; the global (CPU) RNG is left as it was.
+    ``per_example``: in eval mode (DP-DM), else in train mode, as the authors run it."""
     with torch.random.fork_rng(devices=[]):
         torch.default_generator.manual_seed(_seed(generator))
         net = make_network()
-    return net.to(device).train()
+    return net.to(device).train(not per_example)
+
+
+def check_per_example(net: DriftModel, shape: Sequence[int]) -> None:
+    """ConfigError unless changing one image of a batch leaves the others' embeddings as they
+    were: what DP-DM's clip needs of the model (a user model may couple images in eval mode)."""
+    probe = torch.randn((3, *shape), generator=torch.Generator().manual_seed(0))
+    changed = probe.clone()
+    changed[0] = 10 * torch.randn(shape, generator=torch.Generator().manual_seed(1))
+    device = next(net.parameters()).device
+    with torch.no_grad():
+        before, after = (net.features(batch.to(device))[1:] for batch in (probe, changed))
+    if not torch.allclose(before, after, rtol=1e-4, atol=1e-5):
+        raise ConfigError("condense_dp=true needs a model whose features of one image do not "
+                          "depend on the other images of the batch (in eval mode); this "
+                          "model's do")
+
+
+# the default clip's public draws: CLIP_NETWORKS fresh networks, CLIP_IMAGES noise images each
+CLIP_SEED, CLIP_NETWORKS, CLIP_IMAGES = 0, 4, 64
+
+
+def public_networks(make_network: Callable[[], DriftModel], shape: Sequence[int]
+                    ) -> Iterator[tuple[DriftModel, Tensor]]:
+    """The default clip's networks (eval mode, on the CPU), each with its N(0, 1) images, all
+    from the public seed CLIP_SEED."""
+    generator = torch.Generator().manual_seed(CLIP_SEED)
+    for _ in range(CLIP_NETWORKS):
+        net = _fresh_network(make_network, generator, torch.device("cpu"), per_example=True)
+        yield net, torch.randn((CLIP_IMAGES, *shape), generator=generator)
+
+
+def noise_clip(make_network: Callable[[], DriftModel], shape: Sequence[int]) -> float:
+    """DP-DM's default clip: the median embedding norm of N(0, 1) images (where the synthetic
+    set starts) under public_networks: a function of the architecture and the image shape
+    only, the same on every client."""
+    norms = []
+    for net, images in public_networks(make_network, shape):
+        with torch.no_grad():
+            norms.append(net.features(images).flatten(1).norm(dim=1))
+    return float(torch.cat(norms).median())
 
 
 def _sample(pools: Sequence[Tensor], n: int, generator: torch.Generator) -> list[Tensor]:
@@ -157,7 +201,8 @@ class _Condenser:
 
     def dm_loss(self, net: DriftModel) -> Tensor:
         """Sum over classes of the squared distance between mean real and synthetic embeddings;
-        all classes go through the network in one batch (it has no batch statistics)."""
+        all classes go through the network in one batch (a BatchNorm in train mode mixes them;
+        under DP the network is in eval mode: each embedding is its image's alone)."""
         pairs = self.pairs()
         with torch.no_grad():
             real = net.features(torch.cat([r for r, _ in pairs])).flatten(1)
@@ -216,7 +261,8 @@ def condense(x: Tensor, y: Tensor, num_classes: int, config: CondenseConfig, *,
     """Condense (x, y) into ``config.ipc`` synthetic images per held class (ascending classes).
 
     All randomness (initial images, real batches, augmentation seeds, network initialisation,
-    DP noise) comes from ``generator``, so equal inputs and seeds give identical results.
+    DP noise) comes from ``generator``, so equal inputs and seeds give identical results (under
+    DP the caller seeds it from the OS: DCFLClient.condense).
     ``progress`` gets (iteration, matching loss per class, seconds so far); for dc/dsa the loss
     is also averaged over the outer steps, as the authors print it. ``privacy``: DP-DM's plan
     (clip, per-class rates and noise multipliers), for ``dm`` from noise only.
@@ -226,6 +272,8 @@ def condense(x: Tensor, y: Tensor, num_classes: int, config: CondenseConfig, *,
     if privacy is not None and (config.method != "dm" or config.init != "noise"):
         raise ConfigError("differentially private condensation needs condensation=dm and "
                           "condense_init=noise")
+    if privacy is not None and privacy.clip is None:
+        raise ValueError("DP-DM's plan has no clip (privacy_plan's default_clip)")
     start = time.perf_counter()
     x = x.float()
     labels = y.to(x.device).long()
@@ -245,7 +293,9 @@ def condense(x: Tensor, y: Tensor, num_classes: int, config: CondenseConfig, *,
         return float(loss.detach())
 
     for iteration in range(1, config.iterations + 1):
-        net = _fresh_network(make_network, generator, x.device)
+        net = _fresh_network(make_network, generator, x.device, per_example=privacy is not None)
+        if privacy is not None and iteration == 1:
+            check_per_example(net, x.shape[1:])
         if config.method == "dm":
             net.requires_grad_(False)
             loss = step(state.dm_loss(net)) / len(classes)

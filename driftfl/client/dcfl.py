@@ -7,6 +7,9 @@ the method's own objective (FedProx's proximal term keeps its anchor at the glob
 
 from __future__ import annotations
 
+import functools
+import json
+import secrets
 import time
 from dataclasses import dataclass
 
@@ -16,15 +19,18 @@ from flwr.app import Array, ArrayRecord, Message
 
 from driftfl.common import leakage
 from driftfl.common.augment import SiameseAugment, parse_transforms
-from driftfl.common.condensation import (CondensationSettings, condensation_settings,
-                                         privacy_plan, read_condensed)
+from driftfl.common.condensation import (CondensationSettings, PrivacyPlan,
+                                         condensation_settings, privacy_plan, read_condensed)
 from driftfl.common.models import build_model
 from driftfl.common.protocol import (CONDENSE, CONDENSE_EPSILON, CONDENSE_SECONDS, CONDENSED,
                                      CONDENSED_COPIES, CONDENSED_SIMILARITY, CONFIG)
 from driftfl.common.training import TrainSettings, TrainStats, train_locally
 
-from .condense import CondenseConfig, condense, progress_line
+from .condense import CondenseConfig, condense, noise_clip, progress_line
 from .job import ClientJob
+from .state import keep, recall
+
+RELEASED_SET = "dcfl.released-set"  # DP-DM: the set this node released (context.state)
 
 
 def is_dcfl(msg: Message) -> bool:
@@ -41,6 +47,14 @@ def received_images(msg: Message, job: ClientJob) -> tuple[torch.Tensor, torch.T
         raise ValueError(f"the server's {checked}")
     images, labels = checked
     return torch.from_numpy(images.copy()), torch.from_numpy(labels.copy())
+
+
+@functools.lru_cache(maxsize=16)
+def default_clip(model: str, shape: tuple[int, ...], num_classes: int) -> float:
+    """DP-DM's clip when condense_dp_clip is null (``model``: the model section as JSON):
+    condense.noise_clip, from public draws, so every client of the experiment gets it."""
+    spec = json.loads(model)
+    return noise_clip(lambda: build_model(spec, shape, num_classes), shape)
 
 
 def to_record(images: torch.Tensor, labels: torch.Tensor) -> ArrayRecord:
@@ -62,19 +76,37 @@ class DCFLClient:
         s = self.settings
         return SiameseAugment(parse_transforms(s.dsa_transforms)) if s.dsa else None
 
+    def config(self) -> CondenseConfig:
+        s = self.settings
+        return CondenseConfig(method=s.condensation, init=s.condense_init, ipc=s.ipc,
+                              iterations=s.condense_iterations, lr=s.condense_lr,
+                              real_per_class=s.condense_batch, outer_loop=s.dc_outer_loop,
+                              inner_loop=s.dc_inner_loop, net_lr=s.dc_net_lr,
+                              log_every=max(1, s.condense_iterations // 4))
+
+    def privacy(self, y: torch.Tensor) -> PrivacyPlan | None:
+        """DP-DM's plan for this node's class counts (None without condense_dp), its clip the
+        noise-derived default unless condense_dp_clip is set."""
+        s, job = self.settings, self.job
+        if not s.condense_dp:
+            return None
+        clip = None if s.condense_dp_clip is not None else default_clip(
+            job.experiment.model.model_dump_json(), tuple(job.meta.shape), job.num_classes)
+        counts = torch.bincount(y.cpu(), minlength=job.num_classes).tolist()
+        return privacy_plan(s, counts, default_clip=clip)
+
     def condense(self, x: torch.Tensor, y: torch.Tensor, generator: torch.Generator
                  ) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
-        """This node's condensed set and what it discloses (the reply's metrics: seconds, DP's
-        epsilon, how close the set is to this node's images), with a progress line every
-        ``log_every`` iterations and, before and after, what it ships."""
+        """This node's condensed set and what it discloses (the reply's metrics), with a
+        progress line every ``log_every`` iterations and, before and after, what it ships.
+
+        Under condense_dp ``generator`` (seeded by the experiment seed, round and partition,
+        which the server knows) is ignored: every draw comes from a generator seeded from the
+        OS, so that no one can regenerate the noise; and the reply carries only the epsilon
+        (a function of public counts and settings), not the time or the similarity to this
+        node's images, which only this node prints. Without DP the seeded generator is used
+        and the metrics are the seconds, the similarity figures and nothing else."""
         s, job = self.settings, self.job
-        config = CondenseConfig(method=s.condensation, init=s.condense_init, ipc=s.ipc,
-                                iterations=s.condense_iterations, lr=s.condense_lr,
-                                real_per_class=s.condense_batch, outer_loop=s.dc_outer_loop,
-                                inner_loop=s.dc_inner_loop, net_lr=s.dc_net_lr,
-                                log_every=max(1, s.condense_iterations // 4))
-        augment = (SiameseAugment(parse_transforms(s.dsa_transforms))
-                   if s.condensation != "dc" else None)
         client = job.data.partition_id
 
         def progress(iteration: int, loss: float, seconds: float) -> None:
@@ -82,23 +114,33 @@ class DCFLClient:
                   flush=True)
 
         started = time.perf_counter()
-        privacy = privacy_plan(s, torch.bincount(y.cpu(), minlength=job.num_classes).tolist())
+        privacy = self.privacy(y)
+        if privacy is not None and (kept := recall(job.context, RELEASED_SET, x.device)):
+            # a round asked again (re-run after a crash): what was released once is sent
+            # again, post-processing; condensing anew would spend epsilon a second time
+            print(f"condense: client {client} sends the set it released before "
+                  f"({privacy.line()})", flush=True)
+            return kept["images"], kept["labels"].long(), {CONDENSE_EPSILON: privacy.epsilon}
+        if privacy is not None:
+            generator = torch.Generator().manual_seed(secrets.randbits(63))
         print(f"condense: client {client} ships {s.ipc} images per held class, "
               f"{s.condensation} from {s.condense_init}"
               + (f", {privacy.line()}" if privacy else ", no differential privacy"), flush=True)
+        augment = (SiameseAugment(parse_transforms(s.dsa_transforms))
+                   if s.condensation != "dc" else None)
         images, labels = condense(
-            x, y, job.num_classes, config,
+            x, y, job.num_classes, self.config(),
             make_network=lambda: build_model(job.experiment.model, job.meta.shape,
                                              job.num_classes).to(x.device),
             augment=augment, generator=generator, progress=progress, privacy=privacy)
         seconds = time.perf_counter() - started
         found = self.similarity(images, x)
         print(f"condense: client {client}: {found.line()}", flush=True)
-        disclosed = {CONDENSE_SECONDS: seconds, CONDENSED_COPIES: found.share,
-                     CONDENSED_SIMILARITY: found.median}
         if privacy is not None:
-            disclosed[CONDENSE_EPSILON] = privacy.epsilon
-        return images, labels, disclosed
+            keep(job.context, RELEASED_SET, {"images": images, "labels": labels})
+            return images, labels, {CONDENSE_EPSILON: privacy.epsilon}
+        return images, labels, {CONDENSE_SECONDS: seconds, CONDENSED_COPIES: found.share,
+                                CONDENSED_SIMILARITY: found.median}
 
     def similarity(self, images: torch.Tensor, x: torch.Tensor) -> leakage.Leakage:
         """How close the set is to this node's images, on pixels (what `driftfl audit` reads)."""

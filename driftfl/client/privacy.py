@@ -1,13 +1,15 @@
 """What a client does for differential privacy before it replies (driftfl.common.privacy).
 
 - ``privacy=distributed``: the client clips its own update w_k - w to the clip norm C and adds
-  its share of the round's noise, N(0, (sigma C)^2 / m) per coordinate, m the round's clients
-  (the server's ``dp-clients``). The noise comes from the operating system's entropy, never
-  from the experiment's seed: the server knows the seed, and noise it could regenerate would
-  protect nothing.
+  its share of the round's noise, N(0, (sigma C)^2 / m_min) per coordinate, m_min the noise
+  shares the experiment's min_survivors asks for (computed from the experiment, not told per
+  round). The noise comes from the operating system's entropy, never from the experiment's
+  seed: the server knows the seed, and noise it could regenerate would protect nothing.
 - a method's payload that the server takes as a sum (``SUMMED``: SCAFFOLD's control delta,
   FedCurv's change of Fisher terms, FedProto's and FedCSD's class prototypes) gets the same
-  under ``distributed``: clipped to ``privacy.payload_clip`` C_p, plus N(0, (sigma C_p)^2 / m).
+  under ``distributed``: clipped to ``privacy.payload_clip`` C_p, plus N(0, (sigma C_p)^2 /
+  m_min); the record then carries the summed arrays only (a prototype record's per-class
+  counts stay on the client: the server's denominators are public).
 - under any privacy setting the reply's metrics are cut to what the server's checks need and
   the data survey disclosed already (examples, local steps): a training loss or a logit shift
   per client is a release about the client's data that no noise covers.
@@ -22,38 +24,50 @@ from driftfl.common.privacy import PrivacySettings, add_noise, clip_update
 from driftfl.common.protocol import LOCAL_STEPS, NUM_EXAMPLES, SUMMED, summed_keys
 
 
+def noise_shares(experiment) -> int:
+    """m_min of this experiment (privacy=distributed): each client's share is 1 / m_min of the
+    noise's variance."""
+    return experiment.privacy.noise_shares(experiment.clients_per_round)
+
+
+def payload_clip(experiment) -> float | None:
+    """The norm a client's payload term is clipped to before it is summed (None: not
+    clipped): under DP, by the server (central) or by the client (distributed) alike."""
+    return experiment.privacy.payload_clip if experiment.privacy.enabled else None
+
+
 def privatise(trained: ArrayRecord, received: ArrayRecord, settings: PrivacySettings,
-              clients: int, rng: np.random.Generator | None = None) -> ArrayRecord:
+              shares: int, rng: np.random.Generator | None = None) -> ArrayRecord:
     """The trained model to send: the received one plus the clipped, noised update
-    (``privacy=distributed``; the trained model as it is otherwise)."""
+    (``privacy=distributed``; the trained model as it is otherwise). ``shares``: m_min."""
     if settings.name != "distributed":
         return trained
-    rng = rng if rng is not None else np.random.default_rng()  # OS entropy
     start = {k: received[k].numpy() for k in received}
     end = {k: trained[k].numpy() for k in trained}
     keys = [k for k, v in start.items() if v.dtype.kind == "f"]
     delta, _ = clip_update([end[k] - start[k] for k in keys], settings.clip, in_place=True)
-    noised = add_noise(delta, settings.share_noise_std(clients), rng)
+    noised = add_noise(delta, settings.share_noise_std(shares), rng)  # rng None: OS entropy
     for key, value in zip(keys, noised):
         end[key] = (start[key] + value).astype(start[key].dtype)
     return ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in end.items()})
 
 
-def privatise_payload(records: dict[str, ArrayRecord], settings: PrivacySettings, clients: int,
+def privatise_payload(records: dict[str, ArrayRecord], settings: PrivacySettings, shares: int,
                       rng: np.random.Generator | None = None) -> dict[str, ArrayRecord]:
-    """The reply's records, its summed payload clipped and noised (``privacy=distributed``)."""
+    """The reply's records, its summed payload clipped and noised, and nothing else of that
+    record (``privacy=distributed``; as they are otherwise)."""
     if settings.name != "distributed":
         return records
-    rng = rng if rng is not None else np.random.default_rng()  # OS entropy
     out = dict(records)
     for name in SUMMED.keys() & records.keys():
         arrays = {k: records[name][k].numpy() for k in records[name]}
         keys = summed_keys(name, arrays)
         clipped, _ = clip_update([arrays[k].astype(np.float64) for k in keys],
                                  settings.payload_clip, in_place=True)
-        noised = add_noise(clipped, settings.share_noise_std(clients, settings.payload_clip), rng)
-        arrays.update({k: v.astype(arrays[k].dtype) for k, v in zip(keys, noised)})
-        out[name] = ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in arrays.items()})
+        noised = add_noise(clipped, settings.share_noise_std(shares, settings.payload_clip),
+                           rng)
+        out[name] = ArrayRecord({k: Array(np.ascontiguousarray(v.astype(arrays[k].dtype)))
+                                 for k, v in zip(keys, noised)})
     return out
 
 

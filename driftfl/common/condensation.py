@@ -29,7 +29,9 @@ class CondensationSettings(Settings):
     # default, which ships near-copies of them at a few hundred iterations)
     condense_init: Literal["noise", "real"] = "noise"
     condense_dp: bool = False  # DP-DM: clipped, noised real embeddings (dm from noise only)
-    condense_dp_clip: float = Field(2.0, gt=0)  # C: each real embedding's norm bound
+    # C, each real embedding's norm bound; null: the median embedding norm of N(0, 1) images
+    # under fresh networks of the model, from a public seed (no client's data)
+    condense_dp_clip: float | None = Field(None, gt=0)
     condense_dp_noise: float | None = Field(None, gt=0)  # sigma, the noise multiplier, or ...
     condense_dp_epsilon: float | None = Field(None, gt=0)  # ... the epsilon each class's sigma meets
     condense_dp_delta: float = Field(1e-5, gt=0, lt=1)  # delta of the (epsilon, delta) guarantee
@@ -81,16 +83,20 @@ def condensation_settings(section: Mapping[str, Any]) -> CondensationSettings:
 class PrivacyPlan:
     """DP-DM on one client: per held class c, the Poisson sampling rate q_c of its real images
     per iteration (condense_batch / n_c, at most 1), the noise multiplier sigma_c, and the
-    epsilon at ``delta`` of all iterations (dp-accounting's RDP accountant). A sample is in one
-    class only, so the client's epsilon is the largest class's (parallel composition). The
-    class counts this uses are the ones the data survey already discloses."""
+    epsilon at ``delta`` of all iterations. The class counts n_c are public (the data survey
+    discloses them; the rates and the denominator q_c n_c use them), so neighbouring datasets
+    keep them: one image replaced by another of its class, accounted by dp-accounting's PLD
+    accountant under replace-one. A replacement keeps the label, so it touches one class's
+    mechanism only: the classes compose in parallel and the client's epsilon is its worst
+    class's. ``default_clip``: ``clip`` is the noise-derived default, not a setting."""
 
-    clip: float
+    clip: float | None
     delta: float
     iterations: int
     rates: dict[int, float]
     noise: dict[int, float]
     epsilons: dict[int, float]
+    default_clip: bool = False
 
     @property
     def epsilon(self) -> float:
@@ -100,18 +106,23 @@ class PrivacyPlan:
         sigmas = sorted(set(self.noise.values()))
         sigma = (f"{sigmas[0]:.3g}" if len(sigmas) == 1
                  else f"{sigmas[0]:.3g}-{sigmas[-1]:.3g} by class")
-        return (f"DP-DM (epsilon {self.epsilon:.3g}, delta {self.delta:g}): {self.iterations} "
-                f"iterations, embeddings clipped to {self.clip:g}, noise multiplier {sigma}, "
-                f"sampling rates {min(self.rates.values()):.3g}-{max(self.rates.values()):.3g}")
+        clip = ("unset" if self.clip is None else f"{self.clip:.4g}") + (
+            " (median norm of noise images under fresh networks)" if self.default_clip else "")
+        return (f"DP-DM (epsilon {self.epsilon:.3g}, delta {self.delta:g}, replace-one): "
+                f"{self.iterations} iterations, embeddings clipped to {clip}, noise "
+                f"multiplier {sigma}, sampling rates "
+                f"{min(self.rates.values()):.3g}-{max(self.rates.values()):.3g}")
 
 
-def privacy_plan(settings: CondensationSettings,
-                 class_counts: Sequence[int]) -> PrivacyPlan | None:
+def privacy_plan(settings: CondensationSettings, class_counts: Sequence[int],
+                 default_clip: float | None = None) -> PrivacyPlan | None:
     """The DP-DM plan for a client holding ``class_counts`` (None without condense_dp): sigma
-    as set, or the smallest that keeps each class within condense_dp_epsilon."""
+    as set, or the smallest that keeps each class within condense_dp_epsilon.
+    ``default_clip``: the clip when condense_dp_clip is null (the epsilon does not depend on
+    it; the server, which prints epsilons only, leaves it out)."""
     if not settings.condense_dp:
         return None
-    from .accounting import noise_for_epsilon, subsampled_gaussian_epsilon
+    from .accounting import replace_one_epsilon, replace_one_noise_for_epsilon
 
     s, rates, noise, epsilons = settings, {}, {}, {}
     for c, n in enumerate(class_counts):
@@ -119,12 +130,13 @@ def privacy_plan(settings: CondensationSettings,
             continue
         rates[c] = min(1.0, s.condense_batch / n)
         noise[c] = (s.condense_dp_noise if s.condense_dp_noise is not None else
-                    noise_for_epsilon(rates[c], s.condense_iterations, s.condense_dp_epsilon,
-                                      s.condense_dp_delta))
-        epsilons[c] = subsampled_gaussian_epsilon(rates[c], noise[c], s.condense_iterations,
-                                                  s.condense_dp_delta)
-    return PrivacyPlan(s.condense_dp_clip, s.condense_dp_delta, s.condense_iterations,
-                       rates, noise, epsilons)
+                    replace_one_noise_for_epsilon(rates[c], s.condense_iterations,
+                                                  s.condense_dp_epsilon, s.condense_dp_delta))
+        epsilons[c] = replace_one_epsilon(rates[c], noise[c], s.condense_iterations,
+                                          s.condense_dp_delta)
+    clip = s.condense_dp_clip if s.condense_dp_clip is not None else default_clip
+    return PrivacyPlan(clip, s.condense_dp_delta, s.condense_iterations, rates, noise,
+                       epsilons, default_clip=s.condense_dp_clip is None)
 
 
 PIXEL_BOUND = 1e4  # condensed pixels (normalised images) beyond this are not images

@@ -10,6 +10,7 @@ they are open (a name and its settings), and ``driftfl.methods.check_experiment`
 from __future__ import annotations
 
 import json
+import math
 import re
 import shlex
 from collections.abc import Callable, Mapping
@@ -152,6 +153,12 @@ class ExperimentConfig(Settings):
                              "DCFL's two training stages is not defined; use heterogeneity="
                              "epochs or dropout")
         return self
+
+    @property
+    def clients_per_round(self) -> int:
+        """The clients a round selects when every node is up: floor(fraction * num_clients),
+        at least 1 (DriftStrategy.train_count)."""
+        return max(1, math.floor(self.num_clients * self.fraction + 1e-9))
 
     def to_json(self) -> str:
         return self.model_dump_json()

@@ -2,19 +2,24 @@
 mechanism's arithmetic shared by the server (central) and the clients (distributed).
 
 DP-FedAvg (McMahan et al., 2018): each selected client's model update is clipped to L2 norm
-``clip`` = C; the round's update is the plain mean of the m clipped updates (not weighted by
-examples: a client's weight would be its own sensitivity), plus Gaussian noise of standard
-deviation sigma C / m. The mean over a fixed m moves by at most C / m when one client's data
-changes, so sigma is the noise multiplier the accountant composes over rounds, with the share
-of clients selected per round as its sampling rate.
+``clip`` = C and summed, every client once (not weighted by examples: a client's weight would be
+its own sensitivity), and the sum carries Gaussian noise of standard deviation sigma C. One
+client's data moves the sum by at most C (its update replaced by a zero one: the zero-out
+neighbour relation, which dp-accounting accounts as add/remove), so sigma is the noise
+multiplier the accountant composes over rounds.
 
-- ``central``: the server clips every reply and noises the mean; it sees each update.
-- ``distributed``: each client clips its own update and adds N(0, (sigma C)^2 / m) to it, so the
-  sum of m replies carries N(0, (sigma C)^2), the same as central. Alone, a client's share of
-  the noise protects little: with secure aggregation the server sees only the noised sum.
+- ``central``: the server clips every reply, noises the sum and divides it by the expected
+  number of clients, q N (a fixed denominator); it draws the round's clients by Poisson
+  sampling at rate q from the operating system's entropy, a sample nobody else can know, so the
+  accountant may credit amplification by sampling.
+- ``distributed``: each client clips its own update and adds N(0, (sigma C)^2 / m_min), m_min =
+  ``min_survivors`` of the round's clients: any m' >= m_min shares add up to noise sigma C
+  sqrt(m' / m_min) >= sigma C. The server knows the sample, so nothing is credited for it. Alone,
+  a client's share protects little: with secure aggregation the server sees only the sum.
 
-Flower's clipping and noise primitives (flwr.supercore.differential_privacy) do the arithmetic;
-dp-accounting does the accounting (driftfl.common.accounting).
+Noise is drawn from the operating system's entropy (a fresh generator per draw), never from a
+seed. Flower's clipping primitive (flwr.supercore.differential_privacy) clips; dp-accounting does
+the accounting (driftfl.common.accounting).
 """
 
 from __future__ import annotations
@@ -28,10 +33,13 @@ from pydantic import Field, model_validator
 from .settings import MANY, Settings, changed
 
 
+ADAPTIVE = frozenset({"adaptive_clip", "target_quantile", "clip_lr", "count_noise"})
+
+
 class PrivacySettings(Settings):
     name: Literal["none", "central", "distributed"] = "none"
     clip: float = Field(1.0, gt=0)  # C: the L2 norm every client's update is clipped to
-    noise_multiplier: float = Field(1.0, ge=0, le=MANY)  # sigma: the noise is sigma C / m
+    noise_multiplier: float = Field(1.0, ge=0, le=MANY)  # sigma: the sum's noise is sigma C
     delta: float = Field(1e-5, gt=0, lt=1)  # the delta epsilon is reported at
     # stop the run, with one line, before a round would take epsilon past this; None: no budget
     target_epsilon: float | None = Field(None, gt=0)
@@ -40,6 +48,18 @@ class PrivacySettings(Settings):
     # prototypes); None: the method's own default (its strategy's ``payload_clip``), filled in
     # when checked
     payload_clip: float | None = Field(None, gt=0)
+    # distributed: the fewest clients whose noise shares make sigma (an int counts them, a
+    # float in (0, 1] is that share of the clients a round selects); a round with fewer
+    # releases nothing
+    min_survivors: int | float = 0.8
+    # central: adaptive clipping (Andrew et al., 2021): C starts at ``clip`` and follows the
+    # ``target_quantile`` of the update norms, C <- C exp(-clip_lr (b - target_quantile)), b the
+    # noised share of updates not clipped; the count's noise std is ``count_noise`` (None: the
+    # expected clients per round / 20, as Flower's), taken out of sigma's budget
+    adaptive_clip: bool = False
+    target_quantile: float = Field(0.5, ge=0, le=1)
+    clip_lr: float = Field(0.2, gt=0)
+    count_noise: float | None = Field(None, gt=0)
 
     @model_validator(mode="after")
     def _coherent(self):
@@ -52,20 +72,39 @@ class PrivacySettings(Settings):
         if self.target_epsilon is not None and self.noise_multiplier == 0:
             raise ValueError("privacy.target_epsilon needs noise: privacy.noise_multiplier=0 "
                              "spends an infinite epsilon in the first round")
+        survivors = self.min_survivors
+        if isinstance(survivors, bool) or (isinstance(survivors, int) and survivors < 1) or (
+                isinstance(survivors, float) and not 0 < survivors <= 1):
+            raise ValueError(f"privacy.min_survivors={survivors} must be a count >= 1 or a "
+                             "share in (0, 1]")
+        stray = set(changed(self))
+        if self.name == "distributed" and stray & ADAPTIVE:
+            raise ValueError("privacy.adaptive_clip is for privacy=central: under distributed "
+                             "each client would send whether it was clipped in the clear")
+        if self.name == "central" and "min_survivors" in stray:
+            raise ValueError("privacy.min_survivors is for privacy=distributed: under central "
+                             "the server adds all the noise itself")
+        if not self.adaptive_clip and stray & ADAPTIVE:
+            raise ValueError("privacy.target_quantile, clip_lr and count_noise set adaptive "
+                             "clipping: add privacy.adaptive_clip=true")
         return self
 
     @property
     def enabled(self) -> bool:
         return self.name != "none"
 
-    def mean_noise_std(self, clients: int) -> float:
-        """The noise on the round's mean update of ``clients`` clipped updates."""
-        return self.noise_multiplier * self.clip / clients
+    def noise_shares(self, per_round: int) -> int:
+        """m_min: the clients whose noise shares make sigma C (distributed), for a round that
+        selects ``per_round`` clients."""
+        survivors = self.min_survivors
+        if isinstance(survivors, float):
+            survivors = math.ceil(survivors * per_round - 1e-9)
+        return max(1, survivors)
 
-    def share_noise_std(self, clients: int, clip: float | None = None) -> float:
-        """One client's share of that noise (distributed): m shares add up to sigma C; with
-        ``clip``, the share on a payload clipped to it (sigma C_p in all)."""
-        return self.noise_multiplier * (clip or self.clip) / math.sqrt(clients)
+    def share_noise_std(self, shares: int, clip: float | None = None) -> float:
+        """One client's share of the noise (distributed): ``shares`` of them add up to sigma C
+        (with ``clip``, sigma C_p on a payload clipped to it)."""
+        return self.noise_multiplier * (clip or self.clip) / math.sqrt(shares)
 
 
 class SecAggSettings(Settings):
@@ -162,7 +201,11 @@ def clip_update(update: list[np.ndarray], clip: float, *,
     return clipped, float(norm)
 
 
-def add_noise(arrays: list[np.ndarray], std: float, rng: np.random.Generator) -> list[np.ndarray]:
-    """``arrays`` plus independent N(0, std^2) on every coordinate, drawn from ``rng`` (seeded
-    where a test or a reproducible server asks for it)."""
+def add_noise(arrays: list[np.ndarray], std: float,
+              rng: np.random.Generator | None = None) -> list[np.ndarray]:
+    """``arrays`` plus independent N(0, std^2) on every coordinate, drawn from ``rng`` or else
+    from a generator seeded afresh by the operating system's entropy: DP noise is never
+    reproducible from anything a run keeps or is told (a test passes its own ``rng`` to
+    measure the scale)."""
+    rng = rng if rng is not None else np.random.default_rng()
     return [(a + rng.normal(0.0, std, a.shape)).astype(a.dtype, copy=False) for a in arrays]

@@ -33,7 +33,9 @@ METHOD = "method"
 PROXIMAL_MU = "proximal-mu"  # FedProx's mu, as Flower's FedProx sends it
 PROTOTYPES_IN_REPLY = "prototypes-in-reply"  # FedCSD, prototypes=previous: reply with this
 #                                              round's P_k (see CSD_PROTOTYPES)
-DP_CLIENTS = "dp-clients"  # privacy=distributed: the round's m, for each client's noise share
+# the release sums payloads (DP, secure aggregation): a method's clients send their payload as
+# a term of that sum (FedCurv: the change of its terms, not the terms)
+SUMMED_PAYLOAD = "summed-payload"
 # secagg: a client sends its payload term (SUMMED) times this over its weight, so that SecAgg+'s
 # weighted sum gives each term / m (the round's max weight over its m clients)
 PAYLOAD_SCALE = "payload-scale"

@@ -129,9 +129,8 @@ def run_experiment(grid: Grid, experiment: Experiment, run_dir: Path, run_id: in
                                  cfg.round_timeout, owners)
     moved = checkpoint.restore(strategy, saved, clients) if saved else {}
     strategy.meet(clients)
-    unweighted = cfg.privacy.enabled  # DP-FedAvg: every client weighs 1
     if cfg.secagg.enabled:
-        check_weights(cfg.secagg, clients, unweighted)
+        check_weights(cfg.secagg, clients, unweighted=not strategy.release.weighs_examples)
 
     def clients_moved(now: list[dict], moved: dict[int, int]) -> None:
         strategy.rejoin(now, moved)
@@ -150,8 +149,8 @@ def run_experiment(grid: Grid, experiment: Experiment, run_dir: Path, run_id: in
     title = (f"{cfg.strategy.name} on {cfg.dataset.name}, {describe(cfg.partition)}, "
              f"{len(clients)} clients, {cfg.model.name}")
     print(console.partition_table(clients, list(experiment.data.classes), title), flush=True)
-    if strategy.private:
-        print(strategy.private.plan(cfg.rounds, cfg.secagg.enabled), flush=True)
+    if plan := strategy.release.plan(cfg.rounds):
+        print(plan, flush=True)
     aux_labels = experiment.data.train_y[experiment.aux_indices]
     recorder.partition({"dataset": cfg.dataset.name, "partition": cfg.partition.model_dump(),
                         "seed": cfg.seed, "classes": list(experiment.data.classes),
@@ -187,8 +186,7 @@ def run_experiment(grid: Grid, experiment: Experiment, run_dir: Path, run_id: in
                    num_rounds=cfg.rounds, timeout=cfg.round_timeout,
                    train_config=experiment_record,
                    evaluate_config=ConfigRecord(dict(experiment_record)),
-                   evaluate_fn=evaluator, after_round=after_round, secagg=cfg.secagg,
-                   unweighted=unweighted)
+                   evaluate_fn=evaluator, after_round=after_round, secagg=cfg.secagg)
     except ConfigError as err:  # the roster: fewer than min_clients connected
         stopped = str(err)
     load_arrays(model, latest["arrays"])
@@ -266,8 +264,8 @@ class RoundEvaluator:
                     **traffic, "per_class_accuracy": per_class})
         # the server's own numbers last: nothing above may stand in for them
         row.update({"round": server_round, "test_accuracy": accuracy, "test_loss": loss})
-        if self.strategy.private:  # the privacy spent by the rounds run so far
-            row["epsilon"] = self.strategy.private.epsilon(server_round)
+        # differential privacy: what the round released with, and epsilon so far
+        row.update(self.strategy.release.columns(server_round))
         self.recorder.add_round(row)
         print(console.round_line(row, self.cfg.rounds), flush=True)
         self.round_started = now
@@ -277,12 +275,10 @@ class RoundEvaluator:
 def privacy_summary(strategy: DriftStrategy, rows: list[dict], budget: str) -> dict:
     """The privacy spent (epsilon at delta after the last round run), and why the run stopped
     before its last round if the budget stopped it; nothing without differential privacy."""
-    if not strategy.private:
+    spent = strategy.release.summary()
+    if not spent:
         return {}
-    epsilon = rows[-1]["epsilon"]
-    return {"epsilon": epsilon if math.isfinite(epsilon) else None,
-            "delta": strategy.private.settings.delta,
-            "rounds_run": rows[-1]["round"], **({"budget_stop": budget} if budget else {})}
+    return {**spent, "rounds_run": rows[-1]["round"], **({"budget_stop": budget} if budget else {})}
 
 
 def byte_totals(rows: list[dict]) -> dict[str, int]:

@@ -19,12 +19,11 @@ def run_rounds(strategy: DriftStrategy, grid: Grid, arrays: ArrayRecord, *, firs
                evaluate_config: ConfigRecord,
                evaluate_fn: Callable[[int, ArrayRecord], object],
                after_round: Callable[[int, ArrayRecord], None],
-               secagg: SecAggSettings | None = None, unweighted: bool = False) -> str:
+               secagg: SecAggSettings | None = None) -> str:
     """Rounds ``first_round``..``num_rounds`` as Flower runs them (train, federated
     evaluation, central evaluation), then ``after_round``. Round 0's central evaluation comes
     first in a run that starts at round 1. With ``secagg`` enabled, training runs through
-    Flower's SecAgg+ protocol (driftfl.server.secure); ``unweighted``: its clients all weigh 1
-    (differential privacy). Returns why the run stopped early ("" if it did not): the
+    Flower's SecAgg+ protocol (driftfl.server.secure). Returns why the run stopped early ("" if it did not): the
     strategy's ``stop_before`` (the privacy budget)."""
     if first_round == 1:
         evaluate_fn(0, arrays)
@@ -34,7 +33,7 @@ def run_rounds(strategy: DriftStrategy, grid: Grid, arrays: ArrayRecord, *, firs
             return stop
         if secagg is not None and secagg.enabled:
             aggregate = secure_train_round(strategy, grid, secagg, server_round, arrays,
-                                           train_config, timeout, unweighted)
+                                           train_config, timeout)
         else:
             replies = grid.send_and_receive(
                 strategy.configure_train(server_round, arrays, train_config, grid),

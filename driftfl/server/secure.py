@@ -15,16 +15,17 @@ workflow serves only Flower's legacy strategies and LegacyContext: a thin shim.
 - ``_ScreeningGrid``: the grid the stages talk through (the metered grid under it still counts
   every byte). It checks each collect-stage reply before the workflow sums it.
 
-What moved, compared with ``DriftStrategy.accept``: the server never holds one client's update,
-so the per-reply checks on the model (keys, shapes, finite values, update norm, the peer screen
+What moved, compared with a plain round: the server never holds one client's update, so the
+per-reply checks on the model (keys, shapes, finite values, update norm, the peer screen
 against the round's median, max_examples_ratio's weight cap) cannot run. What can still run is
 run on the metrics each client sends in the clear (its example count against the data survey,
-its step count against what the experiment makes of it, the aggregation's own reject) and on
-the masked vector's shapes; a reply that fails is left out of the sum as if its node had
-dropped out (the protocol then removes its masks). The strategy's own ``aggregate_train`` then
-runs on the secure aggregate: its check (``refuse_aggregate``: finite, update norm within
-max_update_ratio) and what a method does with the new model (FedAvgM's momentum, FedGKD's
-teacher buffer).
+its step count against what the experiment makes of it, the release's and the aggregation's
+own reject) and on the masked vector's shapes; a reply that fails is left out of the sum as if
+its node had dropped out (the protocol then removes its masks). Before unmasking, the release
+says whether the sum may be unmasked at all (privacy=distributed: at least min_survivors noise
+shares in it); if not, the server stops there and learns nothing. The round then goes to the
+strategy's own ``aggregate_train`` as a ``SecureSum``: the same release, aggregation, aggregate
+check and method state update as any round (FedAvgM's momentum, FedGKD's teacher buffer).
 
 A method's payload that the server takes as a sum (``DriftStrategy.payload``: SCAFFOLD's
 Delta c_k, the class prototypes) rides in the same masked vector after the update. Each client
@@ -37,7 +38,6 @@ weights and by m, and hands the method the sum (``payload_sum``).
 from __future__ import annotations
 
 from collections.abc import Iterable
-from logging import WARNING
 from types import SimpleNamespace
 
 import numpy as np
@@ -50,15 +50,13 @@ from flwr.server.workflow.constant import MAIN_CONFIGS_RECORD, MAIN_PARAMS_RECOR
 from flwr.server.workflow.constant import Key as WorkflowKey
 from flwr.server.workflow.secure_aggregation.secaggplus_workflow import WorkflowState
 from flwr.serverapp import Grid
-from flwr.supercore import log
 
 from driftfl.common.errors import ConfigError
 from driftfl.common.privacy import SecAggSettings, float_keys
 from driftfl.common.protocol import CONFIG, LOCAL_STEPS, METRICS, NUM_EXAMPLES, PAYLOAD_SCALE
 from driftfl.strategies import DriftStrategy
-from driftfl.strategies.aggregation import (Aggregation, ClientUpdate, example_weights,
-                                            mean_metrics, read_metrics)
-from driftfl.strategies.base import RoundReport
+from driftfl.strategies.aggregation import ClientUpdate, read_metrics
+from driftfl.strategies.release import SecureSum
 
 
 def check_weights(settings: SecAggSettings, clients: list[dict], unweighted: bool) -> None:
@@ -160,14 +158,15 @@ def round_max_weight(strategy: DriftStrategy, nodes: list[int], settings: SecAgg
 
 def secure_train_round(strategy: DriftStrategy, grid: Grid, settings: SecAggSettings,
                        server_round: int, arrays: ArrayRecord, config: ConfigRecord,
-                       timeout: float, unweighted: bool = False) -> ArrayRecord | None:
-    """Round ``server_round``'s training through SecAgg+: the next global model (the global
-    plus the securely averaged update, if ``refuse_aggregate`` lets it), or None.
-    ``unweighted``: the clients send weight 1 (differential privacy's unweighted mean)."""
+                       timeout: float) -> ArrayRecord | None:
+    """Round ``server_round``'s training through SecAgg+: the next global model the strategy
+    makes of the secure sum (``aggregate_train``), or None. Under differential privacy every
+    client weighs 1 (the release's unweighted mean)."""
     messages = list(strategy.configure_train(server_round, arrays, config, grid))
     contents = {m.metadata.dst_node_id: m.content for m in messages}
     global_arrays = strategy.global_arrays
     keys = float_keys(global_arrays)
+    unweighted = not strategy.release.weighs_examples
     max_weight = round_max_weight(strategy, list(contents), settings, unweighted)
     for content in contents.values():  # (the messages may share one config record)
         content[CONFIG] = ConfigRecord({**content[CONFIG],
@@ -188,20 +187,32 @@ def secure_train_round(strategy: DriftStrategy, grid: Grid, settings: SecAggSett
                                   quantization_range=settings.quantization_range,
                                   modulus_range=settings.modulus_range, timeout=timeout)
     state = WorkflowState()
+    halted = ("secure aggregation halted: too few clients stayed for the protocol's "
+              "reconstruction threshold")
     completed = len(contents) >= 2 and workflow.setup_stage(wire, context, state)
     if completed:  # the strategy's own train content, one RecordDict per node
         state.nid_to_fitins = {n: RecordDict(dict(contents[n])) for n in state.nid_to_fitins}
-        completed = all(stage(wire, context, state) for stage in (
-            workflow.share_keys_stage, workflow.collect_masked_vectors_stage,
-            workflow.unmask_stage))
+        completed = (workflow.share_keys_stage(wire, context, state)
+                     and workflow.collect_masked_vectors_stage(wire, context, state))
+    if completed and not strategy.release.enough(len(wire.collected)):
+        completed = False  # the server stops before it could learn the sum
+        halted = (f"{len(wire.collected)} masked replies arrived, fewer than the release "
+                  "needs: the server does not unmask them")
+    completed = completed and workflow.unmask_stage(wire, context, state)
     mean = adapter.mean_update if completed else None
+    payload_sum = None
     if mean is not None and payload:  # the payload's part: back to the sum of the terms
         weights = sum(_quantised_ratio(float(m.content[METRICS][NUM_EXAMPLES]), settings,
                                        max_weight, unweighted) for m in wire.collected)
-        strategy.payload_sum = {name: part * weights * len(contents) for name, part in
-                                zip(payload, mean[len(keys):], strict=True)}
+        payload_sum = {name: part * weights * len(contents) for name, part in
+                       zip(payload, mean[len(keys):], strict=True)}
         mean = mean[:len(keys)]
-    return _finish(strategy, server_round, wire, mean, global_arrays, keys)
+    updates = [ClientUpdate(m.metadata.src_node_id, {}, read_metrics(m.content[METRICS]), m)
+               for m in strategy.in_node_order(wire.collected)]
+    answered = {m.metadata.src_node_id for m in wire.collected} | set(wire.rejected)
+    arrays, _ = strategy.aggregate_train(server_round, SecureSum(
+        updates, dict(wire.rejected), answered, mean, payload_sum, "" if completed else halted))
+    return arrays
 
 
 def _quantised_ratio(num_examples: float, settings: SecAggSettings, max_weight: float,
@@ -209,60 +220,3 @@ def _quantised_ratio(num_examples: float, settings: SecAggSettings, max_weight: 
     """A client's weight as SecAgg+ sums it: weight / max_weight, quantised as its mod does."""
     weight = 1.0 if unweighted else float(int(num_examples))
     return round(weight / max_weight * settings.quantization_range) / settings.quantization_range
-
-
-class _SecureMean(Aggregation):
-    """The aggregation part while the strategy aggregates a secure round: the model is the
-    one SecAgg+ made (global + mean update), whatever the replies (which hold no arrays)."""
-
-    secure = True
-
-    def __init__(self, aggregate: dict[str, np.ndarray]):
-        self.model = aggregate
-
-    def aggregate(self, updates, global_arrays):
-        return dict(self.model)
-
-
-def _finish(strategy: DriftStrategy, server_round: int, wire: _ScreeningGrid,
-            mean_update: list[np.ndarray] | None, global_arrays: dict[str, np.ndarray],
-            keys: list[str]) -> ArrayRecord | None:
-    """The round's report, then the strategy's own ``aggregate_train`` on the secure aggregate
-    (its aggregate check, and what a method does after aggregating: FedAvgM's momentum, a
-    teacher's update), with the screened replies, arrays-free, as what ``accept`` accepted."""
-    report = RoundReport()
-    answered = {m.metadata.src_node_id for m in wire.collected} | set(wire.rejected)
-    silent = [n for n in strategy.trained if n not in answered]
-    gone = strategy.disconnected([], silent)
-    report.lost_nodes = [n for n in silent if n in gone]
-    report.lost = [strategy.client_name(n) for n in report.lost_nodes]
-    report.late = [strategy.client_name(n) for n in silent if n not in gone]
-    for node, reason in sorted(wire.rejected.items(), key=lambda item: strategy.rank(item[0])):
-        strategy.record_rejection(report, node, reason)
-    updates = [ClientUpdate(m.metadata.src_node_id, {}, read_metrics(m.content[METRICS]), m)
-               for m in strategy.in_node_order(wire.collected)]
-    strategy.report, strategy.last_updates = report, updates
-    report.clients = len(updates)
-    if mean_update is None:
-        if updates:
-            report.train_metrics = mean_metrics(updates, example_weights(updates))
-        report.refused_aggregate = ("secure aggregation halted: too few clients stayed for "
-                                    "the protocol's reconstruction threshold")
-        log(WARNING, "round %d: %s; the global model stays as it was", server_round,
-            report.refused_aggregate)
-        return None
-    if strategy.private:  # DP-FedAvg's mean: over the m clients sent a train message, a
-        # client that dropped counting as a zero update (SecAgg+ averages over the survivors)
-        mean_update = [d * len(updates) / len(strategy.trained) for d in mean_update]
-    aggregate = dict(global_arrays)  # integer arrays (counters) stay the global model's
-    for key, delta in zip(keys, mean_update, strict=True):
-        aggregate[key] = (global_arrays[key] + delta).astype(global_arrays[key].dtype)
-    aggregation = strategy.aggregation
-    strategy.accept = lambda replies: updates  # shadows the method for this one call
-    strategy.aggregation = _SecureMean(aggregate)
-    try:
-        arrays, _ = strategy.aggregate_train(server_round, [])
-    finally:
-        del strategy.accept
-        strategy.aggregation = aggregation
-    return arrays

@@ -166,6 +166,17 @@ def mean_metrics(updates: list[ClientUpdate], weights: np.ndarray) -> dict:
     return out
 
 
+def apply_update(global_arrays: dict[str, np.ndarray],
+                 update: list[np.ndarray]) -> dict[str, np.ndarray]:
+    """The global model moved by ``update``, one array per floating array in the model's
+    order (a protected release's mean update); integer arrays (counters) stay as they are."""
+    keys = [k for k, v in global_arrays.items() if v.dtype.kind == "f"]
+    out = dict(global_arrays)
+    for key, delta in zip(keys, update, strict=True):
+        out[key] = (global_arrays[key] + delta).astype(global_arrays[key].dtype)
+    return out
+
+
 def to_numpy(arrays: ArrayRecord) -> dict[str, np.ndarray]:
     return {k: v.numpy() for k, v in arrays.items()}
 
@@ -185,8 +196,6 @@ class Aggregation:
     # robust rules apply themselves to a method's extra payloads too (``combine``); a method
     # keeps its paper's own formula for those under a plain rule
     robust: ClassVar[bool] = False
-    # the model comes made by secure aggregation (driftfl.server.secure), not from the replies
-    secure: ClassVar[bool] = False
 
     @classmethod
     def from_config(cls, cfg: ExperimentConfig, model: nn.Module) -> Aggregation:

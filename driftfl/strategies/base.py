@@ -34,18 +34,18 @@ from flwr.supercore import log
 from torch import nn
 
 from driftfl.common.config import ExperimentConfig
-from driftfl.common.protocol import (ARRAYS, CONFIG, DP_CLIENTS, LOCAL_STEPS, METHOD,
-                                     SERVER_ROUND)
+from driftfl.common.protocol import (ARRAYS, CONFIG, LOCAL_STEPS, METHOD, SERVER_ROUND,
+                                     SUMMED_PAYLOAD)
 from driftfl.common.settings import Settings
 from driftfl.common.training import TrainSettings
 
-from .aggregation import (Aggregation, ClientUpdate, check_reply, example_weights, mean_metrics,
-                          norm_bound, to_numpy, to_record, update_norm)
+from .aggregation import (Aggregation, ClientUpdate, apply_update, check_reply, example_weights,
+                          mean_metrics, norm_bound, to_numpy, to_record, update_norm)
 from .clients import KnownClients
 from .guard import ReplyGuard
 from .federated_evaluation import FederatedEvaluation
 from .parts import AGGREGATIONS, SELECTIONS
-from .private import PrivateMean
+from .release import Release, Released, RoundFacts, SecureSum, build_release
 from .round_plan import RoundPlan
 from .selection import Selection
 
@@ -126,10 +126,11 @@ class DriftStrategy(FederatedEvaluation, ReplyGuard, KnownClients, FedAvg):
         # a reply weighs as at most this many times the median surveyed example count
         # (``weight_cap``): deployment's nodes claim their counts; inf: never capped
         self.max_examples_ratio = max_examples_ratio
-        # DP-FedAvg (privacy=central or distributed): the round's update is its DP mean
-        self.private: PrivateMean | None = None
-        # under privacy or secure aggregation: this round's sum of the payload terms (noised
-        # under privacy), which the method takes instead of the individual payloads
+        # which replies enter what the round releases, and how (release/): plain by default
+        self.release = Release()
+        self.released: Released | None = None  # what the last round released
+        # where the release sums payloads (DP, secure aggregation): this round's sum of the
+        # payload terms (noised under DP), which the method takes instead of each payload
         self.payload_sum: dict[str, np.ndarray] | None = None
         # heterogeneity and per-client evaluation: what each node is asked to do this round
         self.plan = RoundPlan()
@@ -176,11 +177,9 @@ class DriftStrategy(FederatedEvaluation, ReplyGuard, KnownClients, FedAvg):
         finally:
             flwr_logger.setLevel(level)
         strategy.plan = RoundPlan.from_config(cfg)
-        if cfg.privacy.enabled:
-            strategy.private = PrivateMean(
-                cfg.privacy, num_clients=cfg.num_clients,
-                per_round=strategy.train_count(cfg.num_clients),
-                payload=strategy.payload_words if strategy.sends_payload else "")
+        strategy.release = build_release(cfg)
+        # (after: whether a method sends its payload may depend on the release, FedCurv's does)
+        strategy.release.payload = strategy.payload_words if strategy.sends_payload else ""
         return strategy
 
     @classmethod
@@ -213,6 +212,17 @@ class DriftStrategy(FederatedEvaluation, ReplyGuard, KnownClients, FedAvg):
         order) for this round; {} when the method sends none."""
         return {}
 
+    def check_payload(self, update: ClientUpdate) -> str | None:
+        """Why a reply's payload, as its client computed it, cannot be used (None: it can):
+        the method's own checks, run wherever the release shows the server raw payloads."""
+        return None
+
+    def facts(self) -> RoundFacts:
+        """What the release needs to know of this round."""
+        population = list(self.surveyed) if self.surveyed is not None else list(self.trained)
+        return RoundFacts(self.global_arrays, list(self.trained), self.payload(),
+                          self.payload_record, population)
+
     def knowledge(self, server_round: int) -> dict:
         """Further named records a method sends with the global model (none for FedAvg)."""
         return {}
@@ -230,8 +240,8 @@ class DriftStrategy(FederatedEvaluation, ReplyGuard, KnownClients, FedAvg):
         nodes = self.plan.start(server_round, self.sample(server_round, grid), self.plan_key,
                                 self.survey_count, self.local_training)  # less the dropped
         nodes = self.before_train(server_round, nodes, config, grid)
-        if self.private:  # distributed DP: each client's share of the noise is sigma C / sqrt(m)
-            config[DP_CLIENTS] = len(nodes)
+        if self.release.sums_payloads:  # a method's clients send their payload as a sum's term
+            config[SUMMED_PAYLOAD] = True
         shared = {ARRAYS: arrays, CONFIG: config, **self.knowledge(server_round)}
         content = RecordDict(shared)
         log(INFO, "configure_train: %d of the nodes train in round %d", len(nodes), server_round)
@@ -251,15 +261,16 @@ class DriftStrategy(FederatedEvaluation, ReplyGuard, KnownClients, FedAvg):
         return messages
 
     # -- what comes back -----------------------------------------------------------------
-    def accept(self, replies: Iterable[Message]) -> list[ClientUpdate]:
-        """The replies that pass every check (the common ones and the aggregation's own); the
-        rest are logged and counted, never used."""
-        updates, report = [], RoundReport()
-        bound = norm_bound(self.global_arrays, self.max_update_ratio)  # once for the round
-        if self.private:  # distributed DP: an honest reply carries its share of the noise
-            bound = max(bound, self.private.reply_bound(self.dimension, len(self.trained)))
-        replies = list(replies)
-        answered = {msg.metadata.src_node_id for msg in replies}
+    def accept(self, replies: Iterable[Message] | SecureSum) -> list[ClientUpdate]:
+        """The replies that pass every check (the common ones, the release's, the method's
+        and the aggregation's; screens against the round's peers where the release allows
+        them); the rest are logged and counted, never used. A secure round's replies were
+        checked as SecAgg+ collected them: only their metrics are in the clear."""
+        secure = replies if isinstance(replies, SecureSum) else None
+        replies = [] if secure is not None else list(replies)
+        report = RoundReport()
+        answered = (secure.answered if secure is not None
+                    else {msg.metadata.src_node_id for msg in replies})
         silent = [n for n in self.trained if n not in answered]
         gone = self.disconnected(replies, silent)
         report.lost_nodes = [n for n in silent if n in gone]
@@ -271,22 +282,39 @@ class DriftStrategy(FederatedEvaluation, ReplyGuard, KnownClients, FedAvg):
                 "lost: the node disconnected" if node in gone else
                 f"late: none within round_timeout={self.round_timeout:g} s, the node is "
                 "still connected")
+        self.report = report
+        if secure is not None:
+            for node, reason in sorted(secure.rejected.items(), key=lambda i: self.rank(i[0])):
+                self.record_rejection(report, node, reason)
+            updates = list(secure.updates)
+        else:
+            updates = self.check_replies(replies)
+            if self.release.compares_clients:
+                updates = self.screen(self.peer_screen(updates, "update", lambda u: update_norm(
+                    u.arrays, self.global_arrays)))
+        updates = self.capped(updates)
+        report.clients = len(updates)
+        self.last_updates = updates
+        return updates
+
+    def check_replies(self, replies: list[Message]) -> list[ClientUpdate]:
+        """The replies, in node order, that pass check_reply and ``reject``; the others are
+        recorded as rejected."""
+        facts = self.facts()
+        # the model's bound, or what the release's own noise may reach
+        bound = max(norm_bound(self.global_arrays, self.max_update_ratio),
+                    self.release.reply_bound(facts))
+        updates = []
         for msg in self.in_node_order(replies):
             if msg.has_error() and msg.metadata.src_node_id == SUPERLINK_NODE_ID:
-                continue  # the SuperLink's notice that a node is lost, counted above
+                continue  # the SuperLink's notice that a node is lost, counted as lost
             checked = check_reply(msg, self.global_arrays, bound)
             if not isinstance(checked, str):
                 checked = self.reject(checked) or checked
             if isinstance(checked, str):
-                self.record_rejection(report, msg.metadata.src_node_id, checked)
+                self.record_rejection(self.report, msg.metadata.src_node_id, checked)
             else:
                 updates.append(checked)
-        self.report = report
-        updates = self.peer_screen(updates, "update", lambda u: update_norm(
-            u.arrays, self.global_arrays))
-        updates = self.capped(self.screen(updates))
-        report.clients = len(updates)
-        self.last_updates = updates
         return updates
 
     def disconnected(self, replies: list[Message], silent: list[int]) -> set[int]:
@@ -330,9 +358,9 @@ class DriftStrategy(FederatedEvaluation, ReplyGuard, KnownClients, FedAvg):
         asked = self.plan.reject(update)
         if asked:
             return asked
-        if self.private:
-            return self.private.reject(update, self.global_arrays, len(self.trained))
-        return self.aggregation.reject(update)
+        if self.release.raw_payloads and (problem := self.check_payload(update)):
+            return problem
+        return self.release.admit(update, self.facts()) or self.aggregation.reject(update)
 
     def local_steps(self, update: ClientUpdate) -> int | None:
         """The SGD steps a client takes on the examples it claims (None: not checked)."""
@@ -349,37 +377,33 @@ class DriftStrategy(FederatedEvaluation, ReplyGuard, KnownClients, FedAvg):
         if not all(np.isfinite(v).all() for v in arrays.values() if v.dtype.kind == "f"):
             return "the aggregate holds NaN or infinite values"
         update = update_norm(arrays, self.global_arrays)
-        bound = norm_bound(self.global_arrays, self.max_update_ratio)
-        if self.private:  # and the DP noise on the mean
-            bound = max(bound, self.private.aggregate_bound(self.dimension, len(self.trained)))
+        bound = max(norm_bound(self.global_arrays, self.max_update_ratio),
+                    self.release.aggregate_bound(self.facts()))  # the release's noise
         if not update <= bound:
             return f"the aggregate's update norm {update:.3g} exceeds the bound {bound:.3g}"
         return None
 
-    def aggregate_train(self, server_round: int, replies: Iterable[Message]
+    def aggregate_train(self, server_round: int, replies: Iterable[Message] | SecureSum
                         ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """The round's replies (or a secure round's sum) -> the checked ones (``accept``) ->
+        what the release makes of them -> the aggregation's model, if it passes
+        ``refuse_aggregate``. A method's own update of its state follows in its override."""
         updates = self.accept(replies)
-        if not updates:
+        released = self.release.release(server_round, self.facts(), updates,
+                                        replies if isinstance(replies, SecureSum) else None)
+        self.released, self.payload_sum = released, released.payload_sum
+        metrics = mean_metrics(updates, example_weights(updates) if self.release.weighs_examples
+                               else np.full(len(updates), 1 / len(updates))) if updates else {}
+        self.report.train_metrics = metrics
+        if released.mean_update is not None:  # a protected release: the mean update is made
+            refused, aggregate = None, apply_update(self.global_arrays, released.mean_update)
+        elif not updates and not released.withheld:
             log(WARNING, "round %d: no usable reply; the global model stays as it was",
                 server_round)
             return None, None
-        # DP-FedAvg: every client counts once, in the metrics too
-        metrics = mean_metrics(updates, np.full(len(updates), 1 / len(updates))
-                               if self.private else example_weights(updates))
-        if self.private and not self.aggregation.secure:  # the replies' DP mean
-            refused = None
-            aggregate = self.private.combine(updates, self.global_arrays, len(self.trained),
-                                             server_round)
-            if payload := self.payload():  # each checked reply's term, as payload orders it
-                records = [u.message.content.array_records[self.payload_record]
-                           for u in updates]
-                self.payload_sum = dict(zip(payload, self.private.sum_payload(
-                    [[r[k].numpy() for k in payload] for r in records],
-                    list(payload.values()), server_round)))
         else:
-            refused = self.aggregation.refuse(updates)
+            refused = released.withheld or self.aggregation.refuse(updates)
             aggregate = {} if refused else self.aggregation.aggregate(updates, self.global_arrays)
-        self.report.train_metrics = metrics
         refused = refused or self.refuse_aggregate(aggregate)
         if refused:
             log(WARNING, "round %d: %s; the global model stays as it was", server_round, refused)
@@ -389,15 +413,10 @@ class DriftStrategy(FederatedEvaluation, ReplyGuard, KnownClients, FedAvg):
         return to_record(self.last_aggregate), MetricRecord(
             {k: v for k, v in metrics.items() if not isinstance(v, list)})
 
-    @property
-    def dimension(self) -> int:
-        """The float coordinates of the model: the ones differential privacy noises."""
-        return sum(v.size for v in self.global_arrays.values() if v.dtype.kind == "f")
-
     def stop_before(self, server_round: int) -> str | None:
-        """Why the run must stop before ``server_round`` (None: it goes on): the privacy
-        budget, privacy.target_epsilon, would be exceeded."""
-        return self.private.over_budget(server_round) if self.private else None
+        """Why the run must stop before ``server_round`` (None: it goes on): the release's
+        privacy budget, privacy.target_epsilon, would be exceeded."""
+        return self.release.stop_before(server_round)
 
     def server_metrics(self, accuracy_of) -> dict[str, float]:
         """Method diagnostics the server measures each round; ``accuracy_of(arrays)`` tests a

@@ -16,9 +16,9 @@ max_update_ratio of P_G,c); a new P_G that would move the classes it shares with
 more than max_update_ratio x their norm is refused, the old one kept (guard.state_problem).
 Under a robust aggregation P_G,c is that rule's combination of the holders' P_k,c (the median
 for Krum, whose kept replies are the model's, chosen after this phase), not Eq. 7's mean.
-Under privacy or secure aggregation (prototypes=previous or local: the prototype phase is a
-second exchange neither covers) the P_k of the train replies are a payload taken as a sum,
-and P_G is made of the sum alone (prototypes.summed): see prototypes.py.
+Where the release sums payloads (DP, secure aggregation; prototypes=previous or local: the
+prototype phase is a second exchange neither covers) the P_k of the train replies are a
+payload taken as a sum, and P_G is made of the sum alone (prototypes.summed): see prototypes.py.
 """
 
 from __future__ import annotations
@@ -133,19 +133,16 @@ class FedCSD(EMATeacher):
     def payload(self) -> dict[str, tuple[int, ...]]:
         return {"prototypes": (self.num_classes, self.num_classes)} if self.one_exchange else {}
 
-    def reject(self, update):
-        reason = super().reject(update)
-        if reason or not (self.private and self.one_exchange and update.arrays):
-            return reason
-        # privacy: the server sums every accepted reply's P_k, so each is checked first
+    def check_payload(self, update):
+        """Where the release sums every accepted reply's P_k, each is checked first (else
+        ``gather`` checks the P_k it takes)."""
+        if not (self.one_exchange and self.release.sums_payloads):
+            return None
         node = update.node_id
         checked = check_prototypes(update.message, self.num_classes, self.survey_count(node))
         if isinstance(checked, str):
             return checked
-        noised = self.private.settings.name == "distributed"
-        return (survey_problem(*checked, self.histograms.get(node), rows=not noised)
-                or (self.private.reject_payload([checked[0]], len(self.trained))
-                    if noised else None))
+        return survey_problem(*checked, self.histograms.get(node))
 
     def gather(self, replies, server_round: int) -> list[int]:
         """The nodes whose prototypes are usable; P_G from them, unless it is refused."""
@@ -211,9 +208,8 @@ class FedCSD(EMATeacher):
         return updates
 
     def aggregate_train(self, server_round, replies):
-        replies = list(replies)
         arrays, metrics = super().aggregate_train(server_round, replies)
-        if self.one_exchange and self.payload_sum is not None:  # privacy or secagg: the sum
+        if self.one_exchange and self.payload_sum is not None:  # the release's sum
             new = summed(self, self.num_classes)
             rows = common_rows(*new, self.prototypes, self.present)
             problem = rows and self.state_problem(*rows, floor=noise_floor(self, rows[1]))
@@ -221,9 +217,8 @@ class FedCSD(EMATeacher):
                 self.refuse_state(server_round, "FedCSD's prototypes", problem)
             else:
                 self.prototypes, self.present = new
-        elif self.one_exchange:  # the P_k of the train replies make the next round's P_G
-            accepted = {u.node_id for u in self.last_updates}
-            self.gather([r for r in replies if r.metadata.src_node_id in accepted], server_round)
+        elif self.one_exchange:  # the P_k of the accepted train replies make the next P_G
+            self.gather([u.message for u in self.last_updates], server_round)
         return arrays, metrics
 
     def knowledge(self, server_round: int) -> dict:

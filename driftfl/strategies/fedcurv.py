@@ -18,10 +18,10 @@ FedAvg, which passed its own checks) is still used, and the refusal is recorded 
 ``RoundReport.refused_state``. Robust aggregations change nothing here: each node's terms are
 kept apart, not averaged, and the screens bound each one against its peers.
 
-Under privacy or secure aggregation (``summed``) the server may hold no node's terms, only
-totals: each accepted reply brings the change of its node's terms since those the totals hold
-(``fisher-delta``: F and F * w, clipped to privacy.payload_clip and noised under privacy,
-masked under SecAgg+), the totals P_all, Q_all grow by the round's (noised) sum of the changes,
+Where the release sums payloads (DP, secure aggregation: ``summed``) the server may hold no
+node's terms, only totals: each accepted reply brings the change of its node's terms since
+those the totals hold (``fisher-delta``: F and F * w, clipped to privacy.payload_clip and
+noised under DP, masked under SecAgg+; the release reads and bounds them), the totals P_all, Q_all grow by the round's (noised) sum of the changes,
 and ``included`` records, per node, the round whose terms the totals now hold. Each train
 message carries the totals and that round; the node takes its own terms out itself
 (client/objectives/curv.py). Without noise this is the same method: P_all and Q_all are the
@@ -74,10 +74,9 @@ class FedCurv(DriftStrategy):
     payload_words = "FedCurv's Fisher term changes"
     payload_clip = 1.0
 
-    def __init__(self, *, param_keys: frozenset[str], summed: bool = False, **kwargs):
+    def __init__(self, *, param_keys: frozenset[str], **kwargs):
         super().__init__(**kwargs)
         self.param_keys = param_keys
-        self.summed = summed  # privacy or secagg: totals only (above)
         self.totals_f: dict[str, np.ndarray] = {}  # summed: P_all, Q_all by parameter
         self.totals_g: dict[str, np.ndarray] = {}
         self.included: dict[int, int] = {}  # summed: node -> the round its terms are from
@@ -88,10 +87,14 @@ class FedCurv(DriftStrategy):
         self.totals: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # key -> the sums of both
 
     @classmethod
-    def arguments(cls, settings, *, model, aux_set, experiment, **_):
+    def arguments(cls, settings, *, model, aux_set, **_):
         return {"param_keys": frozenset(k for k, p in model.named_parameters()
-                                        if p.requires_grad),
-                "summed": experiment.privacy.enabled or experiment.secagg.enabled}
+                                        if p.requires_grad)}
+
+    @property
+    def summed(self) -> bool:
+        """Whether the release takes the payload as a sum: then totals only (above)."""
+        return self.release.sums_payloads
 
     @property
     def sends_payload(self) -> bool:
@@ -109,12 +112,10 @@ class FedCurv(DriftStrategy):
         self.weighted = {moved.get(n, n): g for n, g in self.weighted.items()}
         self.norms = {moved.get(n, n): v for n, v in self.norms.items()}
 
-    def reject(self, update) -> str | None:
-        reason = super().reject(update)
-        if reason or (self.summed and not update.arrays):  # masked: the change is in the sum
-            return reason
+    def check_payload(self, update) -> str | None:
+        """F_k as the client computed it (a summed change is read by the release)."""
         if self.summed:
-            return self.check_change(update)
+            return None
         fisher = check_fisher(update.message.content.array_records.get(FISHER),
                               {k: self.global_arrays[k] for k in self.param_keys})
         if isinstance(fisher, str):
@@ -122,27 +123,7 @@ class FedCurv(DriftStrategy):
         self.checked[update.node_id] = fisher
         return None
 
-    def check_change(self, update) -> str | None:
-        """A summed reply's change of terms: the payload's names and shapes, finite, and under
-        privacy=distributed within its clip and noise (central: the server clips it)."""
-        record = update.message.content.array_records.get(FISHER_DELTA)
-        shapes = self.payload()
-        if record is None or set(record.keys()) != set(shapes):
-            return f"reply lacks the '{FISHER_DELTA}' record of the model's parameters"
-        terms = []
-        for name, shape in shapes.items():
-            try:
-                value = record[name].numpy()
-            except Exception as err:  # unreadable bytes
-                return f"'{FISHER_DELTA}' array '{name}' cannot be read: {err!r}"
-            if value.shape != shape or value.dtype.kind != "f" or not np.isfinite(value).all():
-                return f"'{FISHER_DELTA}' array '{name}' is not finite {list(shape)} floats"
-            terms.append(value)
-        return self.private.reject_payload(terms, len(self.trained)) if self.private else None
-
     def screen(self, updates):
-        if self.summed:  # the clip bounds each change (without privacy: nothing to see)
-            return updates
         # F_k is quadratic in the gradients: honest non-IID clients' norms spread as the
         # square of their updates' (13x seen among three CNN clients), hence max_peer_ratio^2
         size = lambda u: model_norm(self.checked[u.node_id])

@@ -17,8 +17,8 @@ would move the classes it shares with the old one by more than max_update_ratio 
 (guard.state_problem) is refused and the old one kept. A round that leaves the global model as
 it was (no usable reply, or a refused aggregate) leaves P_G as it was. Under a robust
 aggregation P_G,c is its ``combine`` of the holders' P_k,c (weighted by count, or uniformly with
-plain), not the mean. Under privacy or secure aggregation (prototype_mean=plain) P_G is made of
-the sum of the P_k alone (prototypes.summed): see prototypes.py.
+plain), not the mean. Where the release sums payloads (DP, secure aggregation; prototype_mean=
+plain) P_G is made of the sum of the P_k alone (prototypes.summed): see prototypes.py.
 """
 
 from __future__ import annotations
@@ -114,24 +114,15 @@ class FedProto(DriftStrategy):
     def prototypes_of(self, update: ClientUpdate) -> tuple[np.ndarray, np.ndarray] | str:
         checked = check_feature_prototypes(update.message, self.num_classes, self.feature_dim,
                                            self.survey_count(update.node_id))
-        noised = self.private is not None and self.private.settings.name == "distributed"
         return checked if isinstance(checked, str) else (
-            survey_problem(*checked, self.histograms.get(update.node_id), rows=not noised)
-            or (noised and self.private.reject_payload([checked[0]], len(self.trained)))
-            or checked)
+            survey_problem(*checked, self.histograms.get(update.node_id)) or checked)
 
-    def reject(self, update: ClientUpdate) -> str | None:
-        reason = super().reject(update)
-        if reason is None and update.arrays and isinstance(checked := self.prototypes_of(update),
-                                                           str):
-            reason = checked  # (a masked reply's prototypes are in SecAgg+'s sum)
-        return reason
+    def check_payload(self, update: ClientUpdate) -> str | None:
+        checked = self.prototypes_of(update)
+        return checked if isinstance(checked, str) else None
 
     def screen(self, updates: list[ClientUpdate]) -> list[ClientUpdate]:
-        """The prototypes against the round's peers and P_G (prototypes.outliers); under
-        privacy the clip bounds each client's pull instead (noise would dominate them)."""
-        if self.private:
-            return updates
+        """The prototypes against the round's peers and P_G (prototypes.outliers)."""
         bad = outliers([self.prototypes_of(u) for u in updates], self.prototypes, self.present,
                        self.max_peer_ratio, self.max_update_ratio)
         for k, reason in bad.items():
@@ -142,7 +133,7 @@ class FedProto(DriftStrategy):
         arrays, metrics = super().aggregate_train(server_round, replies)
         if arrays is None:
             return arrays, metrics
-        if self.payload_sum is not None:  # privacy or secagg: the sum alone
+        if self.payload_sum is not None:  # the release's sum alone
             new = summed(self, self.num_classes)
         else:  # every accepted reply passed prototypes_of in reject
             replies = [self.prototypes_of(u) for u in self.last_updates]

@@ -96,12 +96,11 @@ class ReplyGuard:
         return state_problem(new, old, self.max_update_ratio, floor)
 
     def payload_floor(self, divisor: float) -> float:
-        """Under privacy, the norm a state made of the round's noised payload sum over
-        ``divisor`` may reach (its clipped terms and its noise); 0 otherwise."""
-        if not self.private or self.payload_sum is None:
+        """How far a state made of the round's payload sum over ``divisor`` may move by the
+        release's own doing (DP: the clipped terms and the noise); 0 otherwise."""
+        if self.payload_sum is None:
             return 0.0
-        size = sum(v.size for v in self.payload_sum.values())
-        return self.private.payload_sum_bound(size, len(self.trained)) / divisor
+        return self.release.sum_bound(self.facts()) / divisor
 
     def weight_cap(self) -> float:
         """The most examples a reply weighs as: max_examples_ratio x the median of the data

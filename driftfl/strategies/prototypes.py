@@ -19,11 +19,12 @@ The new global prototypes replace the old ones only if ``guard.state_problem`` p
 classes both hold (``common_rows``). Under a robust aggregation P_G,c is the aggregation's
 ``combine`` of the holders' P_k,c (``combined``) instead of the paper's mean.
 
-Under privacy or secure aggregation the server gets only the sum of the clients' P_k (clipped
-and noised under privacy; base.py's ``payload_sum``) and makes P_G of it (``from_sum``) with
-the holders counted from the data survey's label histograms: the clients sent a train message
-under privacy (a silent one adds a zero term, as to the update), the clients whose masked
-replies were summed under SecAgg+ alone.
+Where the release sums payloads (DP, secure aggregation) the server gets only the sum of the
+clients' P_k (clipped and noised under DP; base.py's ``payload_sum``) and makes P_G of it
+(``from_sum``) with public denominators: the holders the release names (``Released.holders``:
+the clients summed, or under central DP every client times the sampling rate, a fixed
+denominator that says nothing of the secret sample), counted from the data survey's label
+histograms.
 """
 
 from __future__ import annotations
@@ -36,17 +37,16 @@ Replies = list[tuple[np.ndarray, np.ndarray]]  # (P_k (C, d), counts (C,)) per r
 
 
 def survey_problem(prototypes: np.ndarray, counts: np.ndarray,
-                   histogram: np.ndarray | None, rows: bool = True) -> str | None:
+                   histogram: np.ndarray | None) -> str | None:
     """Why these counts and rows disagree with the node's label histogram (None: they agree,
-    or there was no survey); ``rows`` False: the rows are noised (privacy=distributed), only
-    the counts can be checked."""
+    or there was no survey)."""
     if histogram is None:
         return None
     over = np.flatnonzero(counts > histogram)
     if len(over):
         return (f"counts {counts[over].astype(np.int64).tolist()} of classes {over.tolist()} "
                 f"exceed the data survey's {histogram[over].tolist()}")
-    ghost = np.flatnonzero((histogram == 0) & np.abs(prototypes).any(axis=1) & rows)
+    ghost = np.flatnonzero((histogram == 0) & np.abs(prototypes).any(axis=1))
     if len(ghost):
         return f"prototypes of classes {ghost.tolist()}, which the node does not hold"
     return None
@@ -101,19 +101,18 @@ def holders(histograms: dict[int, np.ndarray], nodes, num_classes: int) -> np.nd
 
 def from_sum(total: np.ndarray, held_by: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(P_G, present) from the sum of the clients' prototypes: P_G,c = total_c / h_c, a zero
-    row for a class no client counted holds."""
+    row for a class no client counted holds (h_c may be an expected count: central DP's)."""
     present = held_by > 0
-    mean = total / np.maximum(held_by, 1)[:, None]
+    mean = total / np.where(present, held_by, 1.0)[:, None]
     return np.where(present[:, None], mean, 0.0).astype(np.float32), present
 
 
 def summed(strategy, num_classes: int) -> tuple[np.ndarray, np.ndarray]:
-    """(P_G, present) from a protected round's sum (``strategy.payload_sum``): the holders are
-    the nodes sent a train message under privacy, the nodes summed under SecAgg+ alone."""
-    nodes = (strategy.trained if strategy.private
-             else [u.node_id for u in strategy.last_updates])
-    return from_sum(strategy.payload_sum["prototypes"],
-                    holders(strategy.histograms, nodes, num_classes))
+    """(P_G, present) from a protected round's sum (``strategy.payload_sum``), over the holders
+    the release names (``strategy.released``)."""
+    released = strategy.released
+    return from_sum(strategy.payload_sum["prototypes"], released.holder_share * holders(
+        strategy.histograms, released.holders, num_classes))
 
 
 def noise_floor(strategy, old: dict) -> float:

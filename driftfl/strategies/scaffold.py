@@ -17,12 +17,11 @@ robust aggregation the Delta c_k are combined by the same rule, uniformly:
   c <- c + (|S|/K) combine_k(Delta c_k);
 under a plain one the formula above is used unchanged.
 
-Under privacy or secure aggregation the Delta c_k are a payload taken as a sum (base.py's
-``payload_sum``): c <- c + (1/K) (sum_k Delta c_k + noise), each Delta c_k clipped to
-privacy.payload_clip. The server checks what it still sees: under privacy=central the raw
-reply, as above (then clips it); under distributed the noised Delta c_k's norm (the clip plus
-its noise share); under SecAgg+ only the masked vector's shapes. c's move is bounded by what
-the clipped, noised sum can reach.
+Where the release sums payloads (DP, secure aggregation) the Delta c_k are a payload taken as a
+sum (``payload_sum``): c <- c + (1/K) (sum_k Delta c_k + noise), each Delta c_k clipped to
+privacy.payload_clip. The recomputation check runs wherever the server sees each Delta c_k as
+its client computed it (``check_payload``); the release bounds what it cannot see (a noised
+term's norm). c's move is bounded by what the clipped, noised sum can reach.
 """
 
 from __future__ import annotations
@@ -121,20 +120,12 @@ class Scaffold(DriftStrategy):
         a = nova_normaliser(steps, self.momentum) if self.divisor == "effective" else steps
         return a * self.lr
 
-    def reject(self, update: ClientUpdate) -> str | None:
-        reason = super().reject(update)
-        if reason:
-            return reason
-        if not update.arrays:  # a masked reply (secure aggregation): Delta c_k is in the sum
-            return None
+    def check_payload(self, update: ClientUpdate) -> str | None:
+        """The reply's Delta c_k read, and recomputed from its own model and local-steps."""
         params = {k: self.global_arrays[k] for k in self.param_keys}
         delta = read_control_delta(update.message, params)
         if isinstance(delta, str):
             return delta
-        if self.private and self.private.settings.name == "distributed":
-            # clipped and noised by the client: its norm is what can be checked
-            self.deltas[update.node_id] = delta
-            return self.private.reject_payload(list(delta.values()), len(self.trained))
         expected, size = expected_delta(
             {k: c.astype(np.float64) for k, c in self.sent.items()}, params,
             update.arrays, self.scale(update.metrics[LOCAL_STEPS]))
@@ -150,8 +141,6 @@ class Scaffold(DriftStrategy):
         return {k: self.global_arrays[k].shape for k in sorted(self.param_keys)}
 
     def screen(self, updates):
-        if self.private:  # the clip bounds each Delta c_k; noise would dominate the median
-            return updates
         return self.peer_screen(updates, CONTROL_DELTA,
                                 lambda u: model_norm(self.deltas[u.node_id]))
 
@@ -162,7 +151,7 @@ class Scaffold(DriftStrategy):
             deltas = ([] if self.payload_sum is not None
                       else [self.deltas[u.node_id] for u in self.last_updates])
             self.deltas = {}  # scratch: a checkpoint need not keep them
-            if self.payload_sum is not None:  # privacy or secagg: the (noised) sum
+            if self.payload_sum is not None:  # the release's (noised) sum
                 control = {k: c + self.payload_sum[k] / self.num_clients
                            for k, c in self.control.items()}
             elif self.aggregation.robust:  # one huge Delta c_k counts as little as in the model

@@ -36,6 +36,13 @@ def figures(metrics: Mapping) -> dict[str, float]:
             if isinstance(metrics.get(key), (int, float)) and np.isfinite(metrics[key])}
 
 
+def most_sampled(histogram: Sequence[int]) -> list[int]:
+    """The count of a client's smallest held class: at one noise multiplier the epsilon grows
+    with the sampling rate, so that class's is the client's (one PLD call, not one per class)."""
+    held = [int(n) for n in histogram if n > 0]
+    return [min(held)] if held else []
+
+
 def announce(s: CondensationSettings, histograms: Sequence[tuple[str, np.ndarray]]) -> None:
     """Print what will leave the clients (``histograms``: each client's name and surveyed label
     histogram, for the epsilon each gets from a fixed noise multiplier)."""
@@ -43,20 +50,23 @@ def announce(s: CondensationSettings, histograms: Sequence[tuple[str, np.ndarray
     print(f"DCFL: each explored client sends the server {s.ipc} condensed images per class "
           f"it holds ({how}) and its classifier; the server sends them on to other "
           "clients. Each client prints how close its set is to its own images when it "
-          "condenses (condensed_copies, condensed_similarity in metrics.csv); `driftfl "
-          "audit <run dir>` measures it again.", flush=True)
+          "condenses (condensed_copies, condensed_similarity in metrics.csv"
+          + (", not sent under DP-DM" if s.condense_dp else "") + "); `driftfl audit <run "
+          "dir>` measures it again.", flush=True)
     if s.condense_init == "real":
         log(WARNING, REAL_INIT_WARNING)
+    clip = (f"{s.condense_dp_clip:g}" if s.condense_dp_clip is not None else
+            "the median norm of noise images under fresh networks (each client prints it)")
     if not s.condense_dp:
         print("DCFL: condensation is not differentially private (condense_dp=false).",
               flush=True)
     elif s.condense_dp_epsilon is not None:
         print(f"DCFL: DP-DM, every client's condensation is ({s.condense_dp_epsilon:g}, "
-              f"{s.condense_dp_delta:g})-DP for its images, each class's noise multiplier "
-              f"calibrated to it; embeddings clipped to {s.condense_dp_clip:g}.", flush=True)
+              f"{s.condense_dp_delta:g})-DP for its images (replace-one), each class's noise "
+              f"multiplier calibrated to it; embeddings clipped to {clip}.", flush=True)
     else:
-        epsilons = ", ".join(f"{name}: {privacy_plan(s, histogram).epsilon:.3g}"
+        epsilons = ", ".join(f"{name}: {privacy_plan(s, most_sampled(histogram)).epsilon:.3g}"
                              for name, histogram in histograms)
         print(f"DCFL: DP-DM with noise multiplier {s.condense_dp_noise:g}, embeddings clipped "
-              f"to {s.condense_dp_clip:g}: (epsilon, delta={s.condense_dp_delta:g}) by client "
+              f"to {clip}: (epsilon, delta={s.condense_dp_delta:g}, replace-one) by client "
               + epsilons, flush=True)

@@ -10,13 +10,14 @@ Reading (docs/algorithms.md): F_k is the mean over the local data's minibatches 
 experiment's batch size) of the squared minibatch gradient of the cross-entropy, as the FedNTD
 and OpenFL code compute it; the server forms F_k * w_k itself from the reply's checked model.
 
-Under privacy or secure aggregation the server holds only the totals over every node's latest
-summed terms (strategies/fedcurv.py), so the node keeps the terms the totals hold of it
-(``SUMMED_STATE``) and takes them out itself: P = totals_F - F_kept, Q = totals_G - G_kept
-(where noise leaves P <= 0, both are 0: a negative curvature would push the weights away).
-It replies the change of its terms, (F_k - F_kept, F_k w_k - G_kept), clipped to
-privacy.payload_clip under privacy, and keeps kept + that change as pending; the next train
-message's "included-round" says whether the totals took it.
+Where the server takes the payload as a sum (DP, secure aggregation: the train message says
+``summed-payload``) it holds only the totals over every node's latest summed terms
+(strategies/fedcurv.py), so the node keeps the terms the totals hold of it (``SUMMED_STATE``)
+and takes them out itself: P = totals_F - F_kept, Q = totals_G - G_kept (where noise leaves
+P <= 0, both are 0: a negative curvature would push the weights away). It replies the change of
+its terms, (F_k - F_kept, F_k w_k - G_kept), clipped as the sum will clip it (DP's
+payload_clip), and keeps kept + that change as pending; the next train message's
+"included-round" says whether the totals took it.
 """
 
 from __future__ import annotations
@@ -28,9 +29,11 @@ from flwr.app import Array, ArrayRecord
 from pydantic import Field
 
 from driftfl.common.privacy import clip_update
-from driftfl.common.protocol import FISHER, FISHER_DELTA, FISHER_PENALTY, INCLUDED_ROUND
+from driftfl.common.protocol import (CONFIG, FISHER, FISHER_DELTA, FISHER_PENALTY,
+                                     INCLUDED_ROUND, SUMMED_PAYLOAD)
 from driftfl.common.settings import Settings
 
+from ..privacy import payload_clip
 from ..state import keep, recall
 from .base import Batch, Objective
 
@@ -77,9 +80,10 @@ class Curv(Objective):
 
     @property
     def summed(self) -> bool:
-        """Privacy or secure aggregation: the server holds totals, not each node's terms."""
-        exp = self.job.experiment if self.job is not None else None
-        return exp is not None and (exp.privacy.enabled or exp.secagg.enabled)
+        """Whether the server takes the payload as a sum: it holds totals, not each node's
+        terms."""
+        content = self.job.message.content if self.job is not None else {}
+        return CONFIG in content and bool(content[CONFIG].get(SUMMED_PAYLOAD, False))
 
     def prepare(self, model, x, y) -> None:
         self.params = {k: p for k, p in model.named_parameters() if p.requires_grad}
@@ -121,14 +125,14 @@ class Curv(Objective):
     def after_training(self, model, stats) -> None:
         batch_size = self.job.experiment.batch_size if self.job is not None else 64
         self.fisher = diagonal_fisher(model, self.x, self.y, batch_size)
-        if self.kept is not None:  # the change of this node's terms, clipped under privacy
+        if self.kept is not None:  # the change of this node's terms, clipped as summed
             terms = {**{f"F.{k}": f for k, f in self.fisher.items()},
                      **{f"G.{k}": f * self.params[k].detach() for k, f in self.fisher.items()}}
             names = sorted(terms)
             change = [(terms[n] - self.kept[n]).double().cpu().numpy() for n in names]
-            privacy = self.job.experiment.privacy
-            if privacy.enabled:
-                clip_update(change, privacy.payload_clip, in_place=True)
+            clip = payload_clip(self.job.experiment)
+            if clip is not None:
+                clip_update(change, clip, in_place=True)
             self.change = {n: torch.from_numpy(c.astype(np.float32)) for n, c in
                            zip(names, change)}
             keep(self.job.context, PENDING_STATE, {
