@@ -205,6 +205,9 @@ def check_privacy(cfg: ExperimentConfig) -> None:
                               f"for the update (it needs count_noise > noise_multiplier / 2); "
                               f"set privacy.count_noise={privacy.noise_multiplier:g} or more")
 
+# a noise share's coordinate stays within this many stds but with probability exp(-50)
+NOISE_TAIL = 10.0
+
 # what each aggregation other than the plain mean needs that secure aggregation hides
 SECAGG_LOSES = {
     "krum": "Krum scores every client's individual update",
@@ -238,6 +241,16 @@ def check_secagg(cfg: ExperimentConfig) -> None:
         raise ConfigError(f"{head} with privacy=central: the server clips each client's "
                           "update, which secure aggregation hides; use privacy=distributed")
     per_round = min(cfg.num_clients, max(1, math.floor(cfg.num_clients * cfg.fraction + 1e-9)))
+    if cfg.privacy.name == "distributed":  # SecAgg+ clips each coordinate it masks
+        privacy = cfg.privacy
+        share = privacy.share_noise_std(privacy.noise_shares(per_round))
+        reach = privacy.clip + NOISE_TAIL * share
+        if reach > cfg.secagg.clipping_range:
+            raise ConfigError(f"{head} with privacy=distributed: each client's noise share (std "
+                              f"{share:.3g}) would be clipped by secagg.clipping_range="
+                              f"{cfg.secagg.clipping_range:g}, and the sum would carry less "
+                              f"noise than accounted; set secagg.clipping_range={reach:.3g} or "
+                              "more")
     neighbourhood, threshold = cfg.secagg.protocol_sizes(per_round)
     if per_round < 2 or neighbourhood < threshold:
         raise ConfigError(f"{head} with {per_round} client(s) per round (num_clients="

@@ -272,6 +272,8 @@ def test_distributed_server_refuses_an_update_beyond_clip_and_noise():
     assert release.admit(honest, facts(10)) is None
     reason = release.admit(update(2, 1.0), facts(10))
     assert reason and "exceeds what privacy=distributed lets a client send" in reason
+    lazy = release.admit(update(3, 0.001), facts(10))  # clipped, but no noise share added
+    assert lazy and "did not add the noise privacy=distributed asks for" in lazy
     # distributed: the server does not clip again, the clients' noise is already in
     released_ = distributed(10, min_survivors=1).release(1, facts(1), [honest])
     assert np.allclose(released_.mean_update[0], honest.arrays["w"])

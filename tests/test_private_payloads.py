@@ -108,25 +108,30 @@ def test_a_distributed_client_clips_its_payload_and_adds_its_share_of_the_noise(
     rng = np.random.default_rng(0)
     control = ArrayRecord({"w": Array(np.full((30, 20), 0.5, np.float32)),
                            "b": Array(np.full(20, 0.5, np.float32))})
-    counts = np.array([5, 0, 7], np.int64)
-    protos = ArrayRecord({"prototypes": Array(np.full((3, 4), 2.0, np.float32)),
-                          "counts": Array(counts)})
-    out = privatise_payload({CONTROL_DELTA: control, FEATURE_PROTOTYPES: protos,
-                             "other": protos}, settings("distributed", 0.0, clip=2.0),
-                            shares=4, rng=rng)
+    out = privatise_payload({CONTROL_DELTA: control, "other": control},
+                            settings("distributed", 0.0, clip=2.0), shares=4,
+                            summed=(CONTROL_DELTA, ["b", "w"]), rng=rng)
     sent = [out[CONTROL_DELTA][k].numpy() for k in ("b", "w")]
     assert l2(sent) == pytest.approx(2.0, rel=1e-6)  # clipped, direction kept
     assert np.allclose(sent[1], sent[1].flat[0]) and sent[1].dtype == np.float32
-    prototypes = out[FEATURE_PROTOTYPES]["prototypes"].numpy()
-    assert l2([prototypes]) == pytest.approx(2.0, rel=1e-6)
+    assert set(out) == {CONTROL_DELTA}  # no other record leaves a client under DP
+    counts = np.array([5, 0, 7], np.int64)
+    protos = ArrayRecord({"prototypes": Array(np.full((3, 4), 2.0, np.float32)),
+                          "counts": Array(counts)})
+    out = privatise_payload({FEATURE_PROTOTYPES: protos}, settings("distributed", 0.0, clip=2.0),
+                            shares=4, summed=(FEATURE_PROTOTYPES, ["prototypes"]), rng=rng)
+    assert l2([out[FEATURE_PROTOTYPES]["prototypes"].numpy()]) == pytest.approx(2.0, rel=1e-6)
     # the per-class counts stay on the client: the server's denominators are public
     assert set(out[FEATURE_PROTOTYPES].keys()) == {"prototypes"}
-    assert out["other"] is protos  # a record that is no summed payload goes as it is
+    assert privatise_payload({FEATURE_PROTOTYPES: protos}, settings("distributed"), shares=4,
+                             summed=None) == {}  # nothing named: nothing leaves
     big = ArrayRecord({"w": Array(np.zeros(400_000, np.float32))})
     noised = privatise_payload({CONTROL_DELTA: big}, settings("distributed", 1.5, clip=2.0),
-                               shares=9, rng=rng)[CONTROL_DELTA]["w"].numpy()
+                               shares=9, summed=(CONTROL_DELTA, ["w"]), rng=rng
+                               )[CONTROL_DELTA]["w"].numpy()
     assert np.std(noised) == pytest.approx(1.5 * 2.0 / 3, rel=0.01)  # sigma C_p / sqrt(m_min)
-    central_ = privatise_payload({CONTROL_DELTA: big}, settings("central", 1.5), shares=9)
+    central_ = privatise_payload({CONTROL_DELTA: big}, settings("central", 1.5), shares=9,
+                                 summed=(CONTROL_DELTA, ["w"]))
     assert central_[CONTROL_DELTA] is big  # the server clips and noises
 
 

@@ -290,6 +290,8 @@ def test_plain_messages_pass_the_secagg_mods_untouched(server_task):
      "unclipped model would reach the server unprotected"),
     (["num_clients=1"], "with 1 client(s) per round (num_clients=1, fraction=1): SecAgg+ "
                         "needs at least 2"),
+    (["privacy=distributed", "privacy.noise_multiplier=10", "privacy.min_survivors=1"],
+     "each client's noise share (std 10) would be clipped by secagg.clipping_range=8"),
     (["num_clients=6", "fraction=0.5", "secagg.num_shares=5",
       "secagg.reconstruction_threshold=4"], "with 3 client(s) per round (num_clients=6, "
                                             "fraction=0.5): SecAgg+ needs at least 4"),

@@ -15,7 +15,8 @@ from driftfl.common.evaluation import evaluate as evaluate_model
 from driftfl.common.protocol import (ARRAYS, CLASSIFIER, CONDENSE, CONDENSED, CONFIG,
                                      CSD_PROTOTYPES, DATA_SUMMARY, DCFL_CONDENSE,
                                      LABEL_HISTOGRAM, LOCAL_STEPS, METHOD, METRICS, NUM_EXAMPLES,
-                                     PARTITION_ID, PROTOTYPES, TRAIN_LOSS, model_to_arrays)
+                                     PARTITION_ID, PROTOTYPES, TRAIN_LOSS, model_to_arrays,
+                                     summed_payload)
 
 from .assignment import evaluates, held_out_accuracy, local_stage
 from .dcfl import DCFLClient, is_dcfl, received_images, to_record
@@ -71,7 +72,8 @@ def train(msg: Message, context: Context) -> Message:
         "logit-shift": shift.measure(model), **objective.diagnostics(), **extra}, exp.privacy))
     shares = noise_shares(exp)
     arrays = privatise(model_to_arrays(model), msg.content[ARRAYS], exp.privacy, shares)
-    records.update(privatise_payload(objective.reply_records(), exp.privacy, shares))
+    records = privatise_payload({**records, **objective.reply_records()}, exp.privacy, shares,
+                                summed_payload(msg.content[CONFIG]))
     return Message(RecordDict({ARRAYS: arrays, METRICS: metrics, **records}), reply_to=msg)
 
 

@@ -5,10 +5,11 @@
   shares the experiment's min_survivors asks for (computed from the experiment, not told per
   round). The noise comes from the operating system's entropy, never from the experiment's
   seed: the server knows the seed, and noise it could regenerate would protect nothing.
-- a method's payload that the server takes as a sum (``SUMMED``: SCAFFOLD's control delta,
-  FedCurv's change of Fisher terms, FedProto's and FedCSD's class prototypes) gets the same
-  under ``distributed``: clipped to ``privacy.payload_clip`` C_p, plus N(0, (sigma C_p)^2 /
-  m_min); the record then carries the summed arrays only (a prototype record's per-class
+- a method's payload that the server takes as a sum (the record and arrays the train message
+  names: SCAFFOLD's control delta, FedCurv's change of Fisher terms, FedProto's and FedCSD's
+  class prototypes) gets the same under ``distributed``: clipped to ``privacy.payload_clip``
+  C_p, plus N(0, (sigma C_p)^2 / m_min). The reply then carries that record's summed arrays
+  and nothing else beside the model and the two metrics (a prototype record's per-class
   counts stay on the client: the server's denominators are public).
 - under any privacy setting the reply's metrics are cut to what the server's checks need and
   the data survey disclosed already (examples, local steps): a training loss or a logit shift
@@ -21,7 +22,7 @@ import numpy as np
 from flwr.app import Array, ArrayRecord
 
 from driftfl.common.privacy import PrivacySettings, add_noise, clip_update
-from driftfl.common.protocol import LOCAL_STEPS, NUM_EXAMPLES, SUMMED, summed_keys
+from driftfl.common.protocol import LOCAL_STEPS, NUM_EXAMPLES
 
 
 def noise_shares(experiment) -> int:
@@ -53,22 +54,21 @@ def privatise(trained: ArrayRecord, received: ArrayRecord, settings: PrivacySett
 
 
 def privatise_payload(records: dict[str, ArrayRecord], settings: PrivacySettings, shares: int,
+                      summed: tuple[str, list[str]] | None,
                       rng: np.random.Generator | None = None) -> dict[str, ArrayRecord]:
-    """The reply's records, its summed payload clipped and noised, and nothing else of that
-    record (``privacy=distributed``; as they are otherwise)."""
+    """The reply's records (``privacy=distributed``: only the summed payload, ``summed`` = (its
+    record, its arrays), each clipped and noised; as they are otherwise)."""
     if settings.name != "distributed":
         return records
-    out = dict(records)
-    for name in SUMMED.keys() & records.keys():
-        arrays = {k: records[name][k].numpy() for k in records[name]}
-        keys = summed_keys(name, arrays)
-        clipped, _ = clip_update([arrays[k].astype(np.float64) for k in keys],
-                                 settings.payload_clip, in_place=True)
-        noised = add_noise(clipped, settings.share_noise_std(shares, settings.payload_clip),
-                           rng)
-        out[name] = ArrayRecord({k: Array(np.ascontiguousarray(v.astype(arrays[k].dtype)))
-                                 for k, v in zip(keys, noised)})
-    return out
+    if summed is None or summed[0] not in records:
+        return {}  # nothing leaves a client under DP but the noised release
+    name, keys = summed
+    arrays = {k: records[name][k].numpy() for k in keys if k in records[name]}
+    clipped, _ = clip_update([arrays[k].astype(np.float64) for k in arrays],
+                             settings.payload_clip, in_place=True)
+    noised = add_noise(clipped, settings.share_noise_std(shares, settings.payload_clip), rng)
+    return {name: ArrayRecord({k: Array(np.ascontiguousarray(v.astype(arrays[k].dtype)))
+                               for k, v in zip(arrays, noised)})}
 
 
 def disclosed_metrics(metrics: dict, settings: PrivacySettings) -> dict:

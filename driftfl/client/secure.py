@@ -11,8 +11,9 @@ that fit it to driftfl's train handler.
   arrays in the received record's order: an update stays well inside ``clipping_range``, a
   whole model might not), its weight (the example count; under differential privacy every
   client the weight 1, since DP-FedAvg averages unweighted), and the
-  metrics record kept in the clear. A method's payload that the server takes as a sum
-  (``SUMMED``: SCAFFOLD's control delta, FedCurv's Fisher terms, the class prototypes) rides in
+  metrics record kept in the clear. A method's payload that the server takes as a sum (the
+  record and arrays the train message names: SCAFFOLD's control delta, FedCurv's Fisher
+  terms, the class prototypes) rides in
   the same masked vector, after the update, times the round's ``payload-scale`` over the
   client's weight: SecAgg+'s weighted sum then holds each payload term over the round's m
   clients. The full model, and any other record, never leaves.
@@ -30,7 +31,7 @@ from flwr.compat.common import recorddict_compat as compat
 
 from driftfl.common.config import ExperimentConfig
 from driftfl.common.protocol import (ARRAYS, CONFIG, EXPERIMENT, METRICS, NUM_EXAMPLES,
-                                     PAYLOAD_SCALE, SUMMED, summed_keys)
+                                     PAYLOAD_SCALE, summed_payload)
 
 
 def is_secagg(msg: Message) -> bool:
@@ -56,14 +57,14 @@ def client_weight(experiment: ExperimentConfig, num_examples: float) -> int:
     return 1 if experiment.privacy.enabled else int(num_examples)
 
 
-def payload_terms(reply: Message, scale: float) -> list[np.ndarray]:
-    """The reply's summed payload (``SUMMED``), each array times ``scale``, in record order."""
-    terms = []
-    for name in sorted(SUMMED.keys() & reply.content.array_records.keys()):
-        record = reply.content.array_records[name]
-        terms += [record[k].numpy().astype(np.float64) * scale
-                  for k in summed_keys(name, record.keys())]
-    return terms
+def payload_terms(reply: Message, summed: tuple[str, list[str]] | None,
+                  scale: float) -> list[np.ndarray]:
+    """The reply's summed payload (``summed``: the record and arrays the train message names),
+    each array times ``scale``, in that order."""
+    if summed is None or summed[0] not in reply.content.array_records:
+        return []
+    record = reply.content.array_records[summed[0]]
+    return [record[k].numpy().astype(np.float64) * scale for k in summed[1] if k in record]
 
 
 def updates_for_secagg(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
@@ -83,7 +84,8 @@ def updates_for_secagg(msg: Message, context: Context, call_next: ClientAppCalla
     config = msg.content.config_records[CONFIG]
     experiment = ExperimentConfig.from_json(str(config[EXPERIMENT]))
     weight = client_weight(experiment, metrics[NUM_EXAMPLES])
-    update += payload_terms(reply, float(config.get(PAYLOAD_SCALE, 1.0)) / weight)
+    update += payload_terms(reply, summed_payload(config),
+                            float(config.get(PAYLOAD_SCALE, 1.0)) / weight)
     fitres = FitRes(Status(Code.OK, "Success"), ndarrays_to_parameters(update), weight, {})
     content = compat.fitres_to_recorddict(fitres, keep_input=False)
     content[METRICS] = MetricRecord(dict(metrics))  # in the clear: the server checks them

@@ -33,10 +33,13 @@ METHOD = "method"
 PROXIMAL_MU = "proximal-mu"  # FedProx's mu, as Flower's FedProx sends it
 PROTOTYPES_IN_REPLY = "prototypes-in-reply"  # FedCSD, prototypes=previous: reply with this
 #                                              round's P_k (see CSD_PROTOTYPES)
-# the release sums payloads (DP, secure aggregation): a method's clients send their payload as
-# a term of that sum (FedCurv: the change of its terms, not the terms)
+# the release sums payloads (DP, secure aggregation): the reply record a method's clients send
+# as their term of that sum, and its arrays summed, in order (FedCurv: the change of its terms,
+# not the terms); the method declares them once (its strategy's payload_record and payload()),
+# and a client clips, noises or masks exactly these (``summed_payload``)
 SUMMED_PAYLOAD = "summed-payload"
-# secagg: a client sends its payload term (SUMMED) times this over its weight, so that SecAgg+'s
+SUMMED_ARRAYS = "summed-arrays"
+# secagg: a client sends its payload term times this over its weight, so that SecAgg+'s
 # weighted sum gives each term / m (the round's max weight over its m clients)
 PAYLOAD_SCALE = "payload-scale"
 
@@ -142,16 +145,9 @@ def load_arrays(model: nn.Module, arrays: ArrayRecord) -> None:
     model.load_state_dict({k: torch.as_tensor(v) for k, v in state.items()})
 
 
-# A reply record whose arrays are the client's term of a sum the server takes (a method's
-# payload): privacy clips and noises them as it does the update (to privacy.payload_clip),
-# secure aggregation masks them beside it. Record -> its arrays summed, in this order (None:
-# all of them, sorted by name).
-SUMMED: dict[str, tuple[str, ...] | None] = {CONTROL_DELTA: None, FISHER_DELTA: None,
-                                             FEATURE_PROTOTYPES: ("prototypes",),
-                                             PROTOTYPES: ("prototypes",)}
-
-
-def summed_keys(record_name: str, keys) -> list[str]:
-    """The arrays of reply record ``record_name`` (with arrays ``keys``) that are summed."""
-    chosen = SUMMED[record_name]
-    return sorted(keys) if chosen is None else list(chosen)
+def summed_payload(config) -> tuple[str, list[str]] | None:
+    """(the reply record, its arrays) a train message's config names as the round's summed
+    payload; None when the release takes no payload as a sum."""
+    if SUMMED_PAYLOAD not in config:
+        return None
+    return str(config[SUMMED_PAYLOAD]), [str(name) for name in config[SUMMED_ARRAYS]]

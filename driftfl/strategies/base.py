@@ -35,7 +35,7 @@ from torch import nn
 
 from driftfl.common.config import ExperimentConfig
 from driftfl.common.protocol import (ARRAYS, CONFIG, LOCAL_STEPS, METHOD, SERVER_ROUND,
-                                     SUMMED_PAYLOAD)
+                                     SUMMED_ARRAYS, SUMMED_PAYLOAD)
 from driftfl.common.settings import Settings
 from driftfl.common.training import TrainSettings
 
@@ -208,8 +208,8 @@ class DriftStrategy(FederatedEvaluation, ReplyGuard, KnownClients, FedAvg):
         return bool(self.payload_record)
 
     def payload(self) -> dict[str, tuple[int, ...]]:
-        """The summed arrays of ``payload_record`` (name -> shape, in protocol.summed_keys's
-        order) for this round; {} when the method sends none."""
+        """The summed arrays of ``payload_record`` (name -> shape, in the order they are
+        summed) for this round; {} when the method sends none."""
         return {}
 
     def check_payload(self, update: ClientUpdate) -> str | None:
@@ -240,8 +240,9 @@ class DriftStrategy(FederatedEvaluation, ReplyGuard, KnownClients, FedAvg):
         nodes = self.plan.start(server_round, self.sample(server_round, grid), self.plan_key,
                                 self.survey_count, self.local_training)  # less the dropped
         nodes = self.before_train(server_round, nodes, config, grid)
-        if self.release.sums_payloads:  # a method's clients send their payload as a sum's term
-            config[SUMMED_PAYLOAD] = True
+        if self.release.sums_payloads and self.sends_payload:  # the clients' term of the sum
+            config[SUMMED_PAYLOAD] = self.payload_record
+            config[SUMMED_ARRAYS] = list(self.payload())
         shared = {ARRAYS: arrays, CONFIG: config, **self.knowledge(server_round)}
         content = RecordDict(shared)
         log(INFO, "configure_train: %d of the nodes train in round %d", len(nodes), server_round)

@@ -83,7 +83,7 @@ class Curv(Objective):
         """Whether the server takes the payload as a sum: it holds totals, not each node's
         terms."""
         content = self.job.message.content if self.job is not None else {}
-        return CONFIG in content and bool(content[CONFIG].get(SUMMED_PAYLOAD, False))
+        return CONFIG in content and SUMMED_PAYLOAD in content[CONFIG]
 
     def prepare(self, model, x, y) -> None:
         self.params = {k: p for k, p in model.named_parameters() if p.requires_grad}

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from driftfl.common.accounting import released_epsilon, round_of
-from driftfl.common.privacy import PrivacySettings, clip_update, float_keys
+from driftfl.common.privacy import PrivacySettings, add_noise, clip_update, float_keys
 
 from ..aggregation import ClientUpdate
 
@@ -223,6 +223,12 @@ class PrivateRelease(Release):
     def epsilon(self, upto: int) -> float:
         """Epsilon at delta of every round released up to round ``upto``."""
         return released_epsilon(self.rounds(upto), self.settings.delta)
+
+    def noise(self, server_round: int, arrays: list[np.ndarray], std: float
+              ) -> list[np.ndarray]:
+        """``arrays`` plus N(0, std^2) per coordinate, from the operating system's entropy (an
+        audit's broken mechanism overrides this, and nothing else)."""
+        return add_noise(arrays, std)
 
     def spend(self, server_round: int, rate: float, *sigmas: float) -> None:
         self.spent = [e for e in self.spent if e[0] != server_round]  # a round counts once

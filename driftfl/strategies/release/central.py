@@ -8,7 +8,7 @@ from logging import WARNING
 import numpy as np
 from flwr.supercore import log
 
-from driftfl.common.privacy import PrivacySettings, add_noise, clip_update, float_keys
+from driftfl.common.privacy import PrivacySettings, clip_update, float_keys
 
 from .base import TAIL, PrivateRelease, Released, deltas, read_terms, summed
 
@@ -88,12 +88,12 @@ class CentralRelease(PrivateRelease):
             clipped.append(delta)
             unclipped += norm <= self.clip
         shapes = [facts.global_arrays[k].shape for k in keys]
-        total = add_noise(summed(clipped, shapes), sigmas[0] * self.clip)
+        total = self.noise(server_round, summed(clipped, shapes), sigmas[0] * self.clip)
         mean = [t / self.expected for t in total]
         payload = self.payload_terms(updates, facts, s.payload_clip)
         if payload is not None:
-            payload = dict(zip(payload, add_noise(list(payload.values()),
-                                                  s.noise_multiplier * s.payload_clip)))
+            payload = dict(zip(payload, self.noise(server_round, list(payload.values()),
+                                                   s.noise_multiplier * s.payload_clip)))
         self.spend(server_round, self.rate, *sigmas)
         if len(updates) < len(facts.sent):
             log(WARNING, "round %d: %d of the %d sampled clients' replies entered the release; "

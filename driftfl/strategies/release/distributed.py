@@ -69,6 +69,12 @@ class DistributedRelease(PrivateRelease):
         if norm > bound:
             return (f"its update's norm {norm:.4g} exceeds what privacy=distributed lets a "
                     f"client send ({bound:.4g}: clip {s.clip:g} plus its noise)")
+        # its noise share alone reaches s (sqrt(d) - TAIL) but with probability exp(-50): a
+        # shorter reply skipped its noise (it would leave less in the sum for everyone)
+        least = self.share_std(s.clip) * (math.sqrt(facts.dimension) - TAIL) - s.clip
+        if norm < least:
+            return (f"its update's norm {norm:.4g} is below what its noise share alone reaches "
+                    f"({least:.4g}): it did not add the noise privacy=distributed asks for")
         if not facts.payload:
             return None
         terms = read_terms(update, facts)
