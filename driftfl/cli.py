@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from driftfl.common.errors import ConfigError
+from driftfl.common.paths import cannot_write, existing_ancestor
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -245,29 +246,6 @@ def output_dir(hydra_cfg: DictConfig, args: list[str]) -> tuple[str, Path]:
         raise ConfigError("hydra.sweep.subdir is empty, so every job of the sweep would write "
                           "the same directory; leave it at its default (the job's number)")
     return key, Path(folder).absolute()
-
-
-def existing_ancestor(folder: Path) -> Path:
-    """``folder`` if it exists, else its nearest parent that does."""
-    return next(p for p in (folder, *folder.parents) if p.exists())
-
-
-def cannot_write(folder: Path) -> str | None:
-    """Why ``folder`` cannot be created and written, None if it can; leaves nothing behind."""
-    import os
-    import tempfile
-
-    try:
-        existing = existing_ancestor(folder)
-        if not existing.is_dir():
-            return f"{existing} is not a directory"
-        if existing == folder:
-            return None if os.access(folder, os.W_OK | os.X_OK) else "permission denied"
-        # only trying tells for sure: not even root can make a folder in /proc
-        os.rmdir(tempfile.mkdtemp(dir=existing))
-    except OSError as err:
-        return (err.strerror or str(err)).lower()
-    return None
 
 
 def _hydra_settings(args: list[str]) -> DictConfig:

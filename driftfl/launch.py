@@ -26,18 +26,10 @@ from pathlib import Path
 
 from driftfl.common.config import ExperimentConfig
 from driftfl.common.errors import ConfigError
+from driftfl.common.paths import console_script
 
 APP_DIR = Path(__file__).resolve().parents[1]  # holds pyproject.toml: the Flower app
 CONNECTION = "driftfl-simulation"
-
-
-def _tool(name: str) -> str:
-    """A console script from this environment (the venv's bin), else from PATH."""
-    beside = Path(sys.executable).parent / name
-    found = str(beside) if beside.exists() else shutil.which(name)
-    if not found:
-        raise ConfigError(f"'{name}' not found; install Flower with: pip install 'flwr[simulation]'")
-    return found
 
 
 def free_port() -> int:
@@ -114,8 +106,8 @@ def run_config_arg(overrides: list[str], run_dir: Path, resume: bool = False) ->
 
 def check_launch(overrides: list[str], run_dir: Path, ray_address: str | None = None) -> None:
     """Refuse what launch_simulation could not run, before anything is written."""
-    _tool("flower-superlink")
-    _tool("flwr")
+    console_script("flower-superlink")
+    console_script("flwr")
     run_config_arg(overrides, run_dir)
     check_ray_address(ray_address)
 
@@ -171,7 +163,7 @@ def follow(args: list[str], env: dict[str, str], verbose: bool,
     from driftfl.server.console import RESULTS
 
     with app_bundle(scratch) as app, subprocess.Popen(
-            [_tool("flwr"), "run", str(app), *args], env=env, cwd=APP_DIR,
+            [console_script("flwr"), "run", str(app), *args], env=env, cwd=APP_DIR,
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1) as flwr:
         try:
             return relay(flwr.stdout, verbose, last=RESULTS)
@@ -205,7 +197,7 @@ def _start_superlink(flwr_home: str, env: dict[str, str], log_path: Path,
             f'address = "127.0.0.1:{port}"\ninsecure = true\n')
         with open(log_path, "a" if resume or attempt else "w") as log:
             superlink = subprocess.Popen(
-                [_tool("flower-superlink"), "--insecure", "--simulation",
+                [console_script("flower-superlink"), "--insecure", "--simulation",
                  "--disable-runtime-dependency-installation", "--host", "127.0.0.1",
                  "--port", str(port)],
                 env=env, cwd=APP_DIR, stdout=log, stderr=subprocess.STDOUT,

@@ -143,7 +143,7 @@ def test_unwritable_output_directory_is_one_line(args, key, tmp_path):
 
 
 def test_cannot_write_says_why_and_leaves_nothing(tmp_path):
-    from driftfl.cli import cannot_write
+    from driftfl.common.paths import cannot_write
 
     (tmp_path / "file").write_text("")
     assert cannot_write(tmp_path / "file" / "run") == f"{tmp_path / 'file'} is not a directory"

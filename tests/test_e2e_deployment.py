@@ -23,7 +23,8 @@ from conftest import REPO, driftfl_bin
 from driftfl.client.node import NO_DATA_NAMED
 from driftfl.common.datasets import load_dataset
 from driftfl.deploy.credentials import make_credentials
-from driftfl.launch import _tool, _wait_healthy, flwr_env, free_port, stop
+from driftfl.common.paths import console_script
+from driftfl.launch import _wait_healthy, flwr_env, free_port, stop
 
 pytestmark = pytest.mark.e2e
 
@@ -64,7 +65,7 @@ class Deployment:
                str(self.keys / "superlink.crt"), "--ssl-keyfile", str(self.keys / "superlink.key"),
                "--enable-supernode-auth"] if self.secure else ["--insecure"]
         self.superlink = self.start(
-            [_tool("flower-superlink"), *tls, "--host", "127.0.0.1", "--port",
+            [console_script("flower-superlink"), *tls, "--host", "127.0.0.1", "--port",
              str(self.port), "--database", str(self.logs / "superlink.db"),
              "--disable-runtime-dependency-installation"], "superlink", "a")
         _wait_healthy(self.port, self.superlink, self.logs / "superlink.log",
@@ -84,7 +85,7 @@ class Deployment:
         tls = (["--insecure"] if insecure or not self.secure
                else ["--root-certificates", str(self.keys / "ca.crt")])
         auth = ["--auth-supernode-private-key", str(self.keys / key)] if key else []
-        return [_tool("flower-supernode"), *tls, *auth, "--superlink",
+        return [console_script("flower-supernode"), *tls, *auth, "--superlink",
                 f"127.0.0.1:{self.fleet}", "--port", str(free_port())]
 
     def start_node(self, i: int) -> None:
@@ -99,7 +100,7 @@ class Deployment:
         self.nodes[i].wait()
 
     def command(self, overrides: str, run_dir: Path) -> list[str]:
-        return [_tool("flwr"), "run", str(REPO), "deployment", "--stream", "--run-config",
+        return [console_script("flwr"), "run", str(REPO), "deployment", "--stream", "--run-config",
                 f"overrides='{overrides}' run-dir='{run_dir}'"]
 
     def __call__(self, overrides: str, run_dir: Path) -> subprocess.CompletedProcess:
@@ -160,7 +161,7 @@ def test_registered_nodes_train_fedcsd_and_strangers_are_refused(tmp_path, fmnis
                                   capture_output=True, text=True, timeout=120)
         out = run("strategy=fedcsd model=mlp dataset.subset=4000 dataset.test_subset=2000 "
                   "num_clients=2 rounds=2 node_wait=120", run_dir)
-        listed = subprocess.run([_tool("flwr"), "supernode", "list", "deployment", "--format",
+        listed = subprocess.run([console_script("flwr"), "supernode", "list", "deployment", "--format",
                                  "json"], env=run.env, capture_output=True, text=True,
                                 timeout=120)
         exits = {name: node.wait(timeout=120) for name, node in strangers.items()}
@@ -209,7 +210,7 @@ def test_with_an_owners_file_a_node_claiming_another_keys_partition_is_refused(
                    "dataset='fmnist' partition-id=0 num-partitions=3"], "squatter")
         out = run("model=mlp dataset.subset=3000 dataset.test_subset=1000 num_clients=3 "
                   f"rounds=1 node_wait=120 owners={owners}", run_dir)
-        listed = subprocess.run([_tool("flwr"), "supernode", "list", "deployment", "--format",
+        listed = subprocess.run([console_script("flwr"), "supernode", "list", "deployment", "--format",
                                  "json"], env=run.env, capture_output=True, text=True,
                                 timeout=120)
     assert register.returncode == 0, register.stdout + register.stderr

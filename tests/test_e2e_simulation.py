@@ -16,7 +16,8 @@ import torch
 import yaml
 
 from conftest import REPO, driftfl_bin
-from driftfl.launch import CONNECTION, _tool, _wait_healthy, flwr_env, free_port, stop
+from driftfl.common.paths import console_script
+from driftfl.launch import CONNECTION, _wait_healthy, flwr_env, free_port, stop
 from driftfl.methods import METHODS
 
 pytestmark = pytest.mark.e2e
@@ -170,13 +171,13 @@ def test_plain_flwr_run_reads_the_same_conf_tree(tmp_path, fmnist_available):
         log = tmp_path / "superlink.log"
         with open(log, "w") as f:
             superlink = subprocess.Popen(
-                [_tool("flower-superlink"), "--insecure", "--simulation", "--host", "127.0.0.1",
+                [console_script("flower-superlink"), "--insecure", "--simulation", "--host", "127.0.0.1",
                  "--port", str(port)], env=env, stdout=f, stderr=subprocess.STDOUT,
                 start_new_session=True)
         try:
             _wait_healthy(port, superlink, log)
             overrides = " ".join(["strategy.mu=0.01", *QUICK]).replace("rounds=2", "")
-            command = [_tool("flwr"), "run", str(REPO), CONNECTION, "--stream", "--run-config",
+            command = [console_script("flwr"), "run", str(REPO), CONNECTION, "--stream", "--run-config",
                        f"overrides='{overrides}' run-dir='{run_dir}' num-server-rounds=2 "
                        "strategy='fedprox'"]
             started = time.monotonic()

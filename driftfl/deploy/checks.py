@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 
 from driftfl.common.errors import ConfigError
+from driftfl.common.paths import cannot_write
 
 HOSTNAME = re.compile(r"^(?=.{1,253}$)([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)"
                       r"(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$")
@@ -52,7 +53,5 @@ def plain_path(path: Path, what: str) -> Path:
 
 def writable_folder(folder: Path, what: str, fix: str = "choose another folder") -> None:
     """Refuse a folder that cannot be created and written (it is left as it was)."""
-    from driftfl.cli import cannot_write
-
     if reason := cannot_write(folder.absolute()):
         raise ConfigError(f"cannot write {what} {folder}: {reason}; {fix}")

@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 from driftfl.common.errors import ConfigError
+from driftfl.common.paths import console_script
 from driftfl.deploy.checks import writable_folder
 from driftfl.common.owners import (MAX_EXAMPLES, OWN_DATA, Owner, owners_problem, read_owners,
                                    write_owners)
@@ -102,11 +103,10 @@ def register(connection: str, keys: list[Path], owners_file: Path,
              planned: dict[str, Owner], existing: dict[int, Owner]) -> int:
     """Register each key through ``connection`` and record it with the ``existing`` entries
     in ``owners_file``; the number of keys that could not be registered."""
-    from driftfl.launch import _tool
 
     ids, failed = {}, 0
     for key in keys:
-        out = subprocess.run([_tool("flwr"), "supernode", "register", str(key), connection,
+        out = subprocess.run([console_script("flwr"), "supernode", "register", str(key), connection,
                               "--format", "json"], capture_output=True, text=True)
         try:
             reply = json.loads(out.stdout)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .runs import Run, number
-from .table import Group, mean_std
+from .groups import Group, mean_std
 
 STATS = ("mean", "std", "worst10", "best")
 COLUMNS = tuple(f"client_acc_{phase}_{stat}" for phase in ("before", "after") for stat in STATS)

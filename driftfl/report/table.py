@@ -4,33 +4,12 @@ from __future__ import annotations
 
 import statistics
 from collections import defaultdict
-from dataclasses import dataclass
 
+from . import clients
+from .groups import Group, mean_std
 from .runs import Run, number, numbers
 
 UNSET = "unset"  # a setting a run's config.yaml does not have (written by another version)
-
-
-@dataclass
-class Group:
-    """One row: runs with the same ``--by`` values (``key``) and the same experiment apart from
-    the seed. ``split`` holds the settings that tell it from the other rows under its ``key``."""
-
-    key: tuple[str, ...]
-    split: dict[str, str]
-    runs: list[Run]
-
-    @property
-    def name(self) -> tuple[str, ...]:
-        """``key``, its last value followed by the splitting settings, e.g. fedavg (rounds=2)."""
-        if not self.split:
-            return self.key
-        return (*self.key[:-1],
-                f"{self.key[-1]} ({', '.join(f'{k}={v}' for k, v in self.split.items())})")
-
-    @property
-    def title(self) -> str:
-        return " / ".join(self.name)
 
 
 def group_runs(runs: list[Run], by: list[str]) -> list[Group]:
@@ -87,16 +66,6 @@ def split_notes(groups: list[Group], by: list[str]) -> list[str]:
             f"own row (--by {','.join([*by[:-1], *keys, by[-1]])} makes "
             f"{'it a column' if len(keys) == 1 else 'them columns'})"
             for keys, titles in split.items()]
-
-
-def mean_std(values: list[float], scale: float = 100.0) -> str:
-    """``mean ± std``; one value has no spread: ``mean ± -``."""
-    if not values:
-        return "-"
-    mean = statistics.fmean(values) * scale
-    if len(values) == 1:
-        return f"{mean:.2f} ± -"
-    return f"{mean:.2f} ± {statistics.stdev(values) * scale:.2f}"
 
 
 def _mean(values: list[float], digits: int) -> str:
@@ -164,9 +133,7 @@ def summarise(shown: list[Group], groups: list[Group], by: list[str], target: st
               f"rounds to {target}'s final acc" if target else "rounds to target",
               "s / round from round 2", "s in round 1 (incl. start-up)",
               "MB / client / round (down, up)", *(f"mean {m}" for m in metrics)]
-    from . import clients  # per-client evaluation: its columns when any run measured it
-
-    per_client = clients.recorded(shown)
+    per_client = clients.recorded(shown)  # per-client evaluation: its columns where measured
     header += clients.header() if per_client else []
     private = any(_epsilon(group) != "-" for group in shown)
     if private:  # differential privacy: the epsilon each row's accuracy cost

@@ -13,7 +13,7 @@ from torch import nn
 from driftfl.common.protocol import load_numpy
 from driftfl.common.settings import MANY
 
-from .base import StrategySettings
+from .settings import StrategySettings
 
 
 class AuxSetSettings(StrategySettings):

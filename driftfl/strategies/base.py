@@ -36,7 +36,6 @@ from torch import nn
 from driftfl.common.config import ExperimentConfig
 from driftfl.common.protocol import (ARRAYS, CONFIG, LOCAL_STEPS, METHOD, SERVER_ROUND,
                                      SUMMED_ARRAYS, SUMMED_PAYLOAD)
-from driftfl.common.settings import Settings
 from driftfl.common.training import TrainSettings
 
 from .aggregation import (Aggregation, ClientUpdate, apply_update, check_reply, example_weights,
@@ -48,17 +47,10 @@ from .parts import AGGREGATIONS, SELECTIONS
 from .release import Release, Released, RoundFacts, SecureSum, build_release
 from .round_plan import RoundPlan
 from .selection import Selection
+from .settings import StrategySettings
 
 if TYPE_CHECKING:
     from .aux_set import AuxSet
-
-
-class StrategySettings(Settings):
-    """A strategy's own settings: the server's half of a method's ``strategy`` section."""
-
-    def aux_set_per_class(self) -> int:
-        """Training samples per class the server keeps back as its aux set (0: none)."""
-        return 0
 
 
 @dataclass
