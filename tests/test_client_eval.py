@@ -16,6 +16,7 @@ from driftfl.client.node import node_config
 from driftfl.common.client_split import (ACC_AFTER, ACC_BEFORE, held_out_split, spread,
                                          held_out_count)
 from driftfl.common.config import compose
+from driftfl.methods import check_experiment
 from driftfl.common.datasets import load_dataset
 from driftfl.common.errors import ConfigError
 from driftfl.common.partition import partition
@@ -164,7 +165,7 @@ def test_accuracies_are_checked_asked_for_and_in_range():
 ])
 def test_bad_per_client_settings_are_refused_in_one_line(override, message):
     with pytest.raises(ConfigError) as err:
-        compose(override)
+        check_experiment(compose(override))
     assert message in str(err.value) and "\n" not in str(err.value)
 
 

@@ -11,6 +11,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord
 from driftfl.common.conditions import (ASSIGNED_EPOCHS, ASSIGNED_MAX_STEPS, ASSIGNMENT,
                                        HeterogeneitySettings, assignments, drawn_epochs)
 from driftfl.common.config import compose
+from driftfl.methods import check_experiment
 from driftfl.common.errors import ConfigError
 from driftfl.common.protocol import LOCAL_STEPS
 from driftfl.common.training import CrossEntropy, TrainSettings, train_locally
@@ -180,7 +181,7 @@ def test_without_heterogeneity_the_messages_carry_no_assignment(server_task):
 ])
 def test_bad_heterogeneity_is_refused_in_one_line(override, message):
     with pytest.raises(ConfigError) as err:
-        compose(override)
+        check_experiment(compose(override))
     assert message in str(err.value) and "\n" not in str(err.value)
 
 

@@ -13,8 +13,8 @@ from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFI
 from driftfl.client.secure import only_secagg
 from driftfl.common.config import compose
 from driftfl.common.errors import ConfigError
-from driftfl.common.protocol import (ARRAYS, DATASET_META, EXPERIMENT, NUM_EXAMPLES,
-                                     model_to_arrays)
+from driftfl.common.protocol import (ARRAYS, DATASET_META, EXPERIMENT, LOCAL_STEPS,
+                                     NUM_EXAMPLES, model_to_arrays)
 from driftfl.methods import build_strategy, check_experiment
 from driftfl.server.app import survey_clients
 from driftfl.server.experiment import prepare_experiment
@@ -232,6 +232,33 @@ def test_a_reply_whose_clear_metrics_fail_the_checks_is_left_out_of_the_sum(
     others = sorted(n for n in plain if n != 102)
     check_aggregate(cfg, to_numpy(new), arrays, [plain[n][0] for n in others],
                     [plain[n][1] for n in others])
+
+
+class Overstepping(RecordingGrid):
+    """Node 102's collect-stage reply reports one local step more than it was assigned."""
+
+    def send_and_receive(self, messages, timeout=None):
+        replies = super().send_and_receive(messages, timeout)
+        for reply in replies:
+            if (self.replies[-1][0] == Stage.COLLECT_MASKED_VECTORS
+                    and reply.metadata.src_node_id == 102):
+                reply.content["metrics"][LOCAL_STEPS] += 1.0
+        return replies
+
+
+def test_heterogeneity_runs_through_secagg_and_each_assigned_step_count_is_checked(
+        fmnist_available, server_task):
+    """Drawn epochs under SecAgg+: each client trains what its assignment record asks, and the
+    secure round checks the clear step count against exactly that (a client claiming a step
+    more is left out of the sum), as a plain round does."""
+    overrides = ["heterogeneity=epochs", "heterogeneity.max_epochs=3"]
+    cfg, strategy, grid, record, arrays, clients = setup(Overstepping, overrides)
+    new = secure_train_round(strategy, grid, cfg.secagg, 1, arrays, record, 60)
+    assert new is not None and strategy.report.clients == CLIENTS - 1
+    assert strategy.report.rejected_partitions == ["2"]
+    assert "'local-steps' is" in strategy.report.rejected[0]
+    assigned = {n: strategy.plan.assigned[n].epochs for n in strategy.plan.assigned}
+    assert len(set(assigned.values())) > 1 or set(assigned.values()) != {1}  # drawn, not 1s
 
 
 def test_the_server_never_holds_an_unmasked_update(fmnist_available, server_task):

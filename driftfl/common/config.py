@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from omegaconf import DictConfig, OmegaConf
-from pydantic import ConfigDict, Field, SerializeAsAny, field_validator, model_validator
+from pydantic import ConfigDict, Field, SerializeAsAny, field_validator
 
 from .conditions import HeterogeneitySettings
 from .datasets import DatasetSettings, dataset_settings
@@ -134,25 +134,6 @@ class ExperimentConfig(Settings):
             raise ValueError("must name a SuperLink connection of ~/.flwr/config.toml "
                              "(letters, digits, - and _)")
         return value
-
-    @model_validator(mode="after")
-    def _parts_combine(self):
-        if self.client_test_fraction > 0 and self.privacy.enabled:
-            raise ValueError(f"client_test_fraction with privacy={self.privacy.name}: each "
-                             "client's accuracy is a release about its data that no noise covers; "
-                             "leave client_test_fraction=0 under differential privacy")
-        if self.client_test_fraction > 0 and self.secagg.enabled:
-            raise ValueError("client_test_fraction with secagg: the server would see each "
-                             "client's accuracy beside the sum it may only see; leave "
-                             "client_test_fraction=0 under secure aggregation")
-        if self.heterogeneity.enabled and self.secagg.enabled:
-            raise ValueError(f"heterogeneity={self.heterogeneity.name} with secagg: not "
-                             "supported (the secure round checks no assigned step counts)")
-        if self.heterogeneity.name == "stragglers" and self.strategy.name == "dcfl":
-            raise ValueError("heterogeneity=stragglers with strategy=dcfl: a step budget over "
-                             "DCFL's two training stages is not defined; use heterogeneity="
-                             "epochs or dropout")
-        return self
 
     @property
     def clients_per_round(self) -> int:

@@ -196,6 +196,9 @@ class Aggregation:
     # robust rules apply themselves to a method's extra payloads too (``combine``); a method
     # keeps its paper's own formula for those under a plain rule
     robust: ClassVar[bool] = False
+    # what the rule needs of each client's own update ("": nothing): DP's noise is calibrated
+    # to the plain sum, and secure aggregation shows only the sum (driftfl.rules refuses both)
+    individual: ClassVar[str] = ""
 
     @classmethod
     def from_config(cls, cfg: ExperimentConfig, model: nn.Module) -> Aggregation:
@@ -225,6 +228,12 @@ class Aggregation:
                   global_arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """The next global model from the accepted ``updates`` of the model ``global_arrays``."""
         return weighted_average(updates, self.weights(updates))
+
+    def standalone(self) -> Aggregation:
+        """The rule to ``combine`` payloads with where no model aggregate of the round came
+        first (FedCSD's prototype phase precedes it): this one, unless its combination follows
+        its aggregate's choice (Krum)."""
+        return self
 
     def combine(self, payloads: list[dict[str, np.ndarray]], weights: np.ndarray,
                 among: list[int] | None = None) -> dict[str, np.ndarray]:

@@ -88,6 +88,9 @@ class DriftStrategy(FederatedEvaluation, ReplyGuard, KnownClients, FedAvg):
     payload_record: ClassVar[str] = ""
     payload_words: ClassVar[str] = ""
     payload_clip: ClassVar[float] = 1.0
+    # why a straggler's step budget (heterogeneity=stragglers) means nothing for this method
+    # ("": it does; driftfl.rules refuses the pair otherwise)
+    step_budget: ClassVar[str] = ""
 
     def __init__(self, *, selection: Selection | None = None,
                  aggregation: Aggregation | None = None, objective: str = "ce",

@@ -86,6 +86,7 @@ class RoundLog:
 class DCFL(DriftStrategy):
     Settings = DCFLSettings
     unprotected = "its clients' condensed images and classifier heads"
+    step_budget = "a step budget over DCFL's two training stages is not defined"
     provides = frozenset({EXPLORED_CLIENTS, CONDENSE, CONDENSED, PROXIMAL_MU})
     server_columns = frozenset({"selected", "exploited", "explored_now", "explored_total",
                                 "condensed_bytes_sent", "condensed_bytes_received",

@@ -38,7 +38,6 @@ from .aggregation import to_record
 from .base import StrategySettings
 from .prototypes import (combined, common_rows, noise_floor, outliers, summed,
                          survey_problem)
-from .robust import KrumAggregation, MedianAggregation
 from .teacher import EMATeacher
 
 
@@ -178,12 +177,9 @@ class FedCSD(EMATeacher):
         return [n for k, n in enumerate(nodes) if k not in bad]
 
     def prototype_rule(self):
-        """The robust rule that makes P_G of the holders' P_k,c, per class: the experiment's,
-        except Krum, whose kept replies belong to a model aggregate that the prototype phase
-        precedes: the coordinate-wise median stands in for it."""
-        if isinstance(self.aggregation, KrumAggregation):
-            return MedianAggregation()
-        return self.aggregation
+        """The robust rule that makes P_G of the holders' P_k,c, per class, before any model
+        aggregate of the round (``Aggregation.standalone``: Krum's median)."""
+        return self.aggregation.standalone()
 
     def before_train(self, server_round, nodes, config: ConfigRecord, grid):
         if self.local:

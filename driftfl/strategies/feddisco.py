@@ -59,6 +59,7 @@ def disco_weights(num_examples: np.ndarray, discrepancies: np.ndarray, a: float,
 
 class FedDiscoAggregation(Aggregation):
     Settings = FedDiscoSettings
+    individual = "FedDisco reweighs each client's individual update by its label discrepancy"
 
     def __init__(self, *, a: float, b: float, metric: str = "l2") -> None:
         self.a, self.b, self.metric = a, b, metric

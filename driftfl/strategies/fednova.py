@@ -24,6 +24,8 @@ class FedNovaAggregation(Aggregation):
     """``momentum``: the clients' SGD momentum rho; ``param_keys``: the trained parameters
     (the model's other arrays are buffers)."""
 
+    individual = "FedNova normalises each client's update by its own step count"
+
     def __init__(self, *, momentum: float, param_keys: frozenset[str]) -> None:
         self.momentum = momentum
         self.param_keys = param_keys

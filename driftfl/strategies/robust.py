@@ -104,6 +104,7 @@ class MedianAggregation(RobustAggregation):
     within the good replies' range (with 2 replies it is their mean)."""
 
     name = "median"
+    individual = "the coordinate-wise median needs every client's individual update"
 
     def aggregate(self, updates, global_arrays):
         return coordinatewise(updates, aggregate_median)
@@ -121,6 +122,7 @@ class TrimmedMeanAggregation(RobustAggregation):
     (0: the plain unweighted mean)."""
 
     name = "trimmed_mean"
+    individual = "the trimmed mean sorts every client's individual update"
     Settings = TrimmedMeanSettings
 
     def __init__(self, *, beta: float = 0.2) -> None:
@@ -151,6 +153,7 @@ class KrumAggregation(RobustAggregation):
     and averaged (by examples, as Flower's MultiKrum), at most n - f in a round."""
 
     name = "krum"
+    individual = "Krum scores every client's individual update"
     Settings = KrumSettings
 
     def __init__(self, *, num_malicious: int = 0, num_selected: int = 1) -> None:
@@ -189,6 +192,11 @@ class KrumAggregation(RobustAggregation):
         self.kept = self.selected(updates, global_arrays)
         kept = [updates[i] for i in self.kept]
         return weighted_average(kept, example_weights(kept))
+
+    def standalone(self):
+        """Krum combines the payloads of the replies its model aggregate kept: before any
+        aggregate the coordinate-wise median stands in for it."""
+        return MedianAggregation()
 
     def combine(self, payloads, weights, among=None):
         """The payloads of the replies Krum kept for the model, by their weights."""
