@@ -140,7 +140,8 @@ def with_payload_clip(cfg: ExperimentConfig) -> ExperimentConfig:
 
 
 def build_strategy(cfg: ExperimentConfig, model, aux_set: AuxSet | None = None,
-                   deployed: bool = False) -> DriftStrategy:
-    """The strategy of a checked experiment (``check_experiment``); ``deployed``: its nodes
-    claim their example counts (DriftStrategy.from_config)."""
-    return METHODS[cfg.strategy.name].strategy.from_config(cfg, model, aux_set, deployed)
+                   claims_counts: bool = False) -> DriftStrategy:
+    """The strategy of a checked experiment (``check_experiment``); ``claims_counts``: its
+    nodes claim their example counts (deployment: DriftStrategy.from_config)."""
+    return METHODS[cfg.strategy.name].strategy.from_config(cfg, model, aux_set,
+                                                          claims_counts)

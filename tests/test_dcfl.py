@@ -14,7 +14,7 @@ from driftfl.common.models import build_model
 from driftfl.common.protocol import (CONDENSED, DATASET_META, EXPERIMENT, LOCAL_STEPS,
                                      NUM_EXAMPLES, PROXIMAL_MU, model_to_arrays)
 from driftfl.methods import build_strategy, check_experiment
-from driftfl.server.app import survey_clients
+from driftfl.server.survey import survey_clients
 from driftfl.server.experiment import prepare_experiment
 from driftfl.strategies.aggregation import to_numpy, to_record
 from driftfl.strategies.cka import (cka_input, cka_matrix, complementary_group,

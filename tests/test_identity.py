@@ -21,7 +21,6 @@ from driftfl.common.owners import MAX_EXAMPLES, Owner, read_owners, write_owners
 from driftfl.common.protocol import DATASET_META, METRICS, NUM_EXAMPLES
 from driftfl.deploy.register import merged, planned_owners
 from driftfl.methods import build_strategy, check_experiment
-from driftfl.server.app import experiment_owners
 from driftfl.server.roster import Roster
 from driftfl.server.survey import survey_clients
 from driftfl.strategies import FedAvg
@@ -122,7 +121,7 @@ def test_the_cap_is_deployments_only_and_an_honest_federation_never_meets_it():
         cfg = check_experiment(compose([f"strategy={method}"]))
         assert build_strategy(cfg, torch.nn.Linear(2, 2)).max_examples_ratio == float("inf")
         assert build_strategy(cfg, torch.nn.Linear(2, 2),
-                              deployed=True).max_examples_ratio == 10
+                              claims_counts=True).max_examples_ratio == 10
     # clients of ordinary, unequal sizes: the weights are n_k / sum n, untouched
     strategy = surveyed(FedAvg(max_examples_ratio=10.0), [
         {"node_id": n, "partition_id": n, "num_examples": 50 * n} for n in (1, 2, 3)])
@@ -158,10 +157,14 @@ def test_owners_files_that_cannot_be_used_get_one_line_before_anything_runs(tmp_
             read_owners(path, 3)
         assert says in str(refused.value) and "\n" not in str(refused.value), text
     # a simulation assigns partitions itself: owners= there is a mistake, said at once
+    from flwr.superlink.grid import InMemoryGrid
+
+    from driftfl.server.federation import DeployedFederation, Federation
+
     with pytest.raises(ConfigError, match="owners= binds deployed nodes to partitions"):
-        experiment_owners(compose([f"owners={path}"]), deployed=False)
+        Federation.of(InMemoryGrid.__new__(InMemoryGrid), compose([f"owners={path}"]))
     write_owners(path, OWNERS)
-    assert experiment_owners(compose([f"owners={path}"]), deployed=True) == OWNERS
+    assert DeployedFederation(ScriptedGrid([]), compose([f"owners={path}"])).owners == OWNERS
 
 
 def test_register_plans_each_keys_partition_and_refuses_what_it_cannot_place(tmp_path):

@@ -20,7 +20,7 @@ from driftfl.common.models import MODELS
 from driftfl.common.partition import PARTITIONS
 from driftfl.common.protocol import CONFIG, DATASET_META, EXPERIMENT, PROXIMAL_MU
 from driftfl.methods import METHODS, build_strategy, check_experiment, method_schema
-from driftfl.server.app import survey_clients
+from driftfl.server.survey import survey_clients
 from driftfl.server.experiment import prepare_experiment
 from driftfl.server.traffic import MeteredGrid
 from driftfl.strategies import AGGREGATIONS, SELECTIONS

@@ -372,7 +372,7 @@ def test_fedproto_p_g_is_replaced_every_round(server_task):
 def test_two_rounds_through_the_client_app(name, fmnist_available, server_task):
     from test_methods import TINY, InProcessGrid, fmnist_nodes
 
-    from driftfl.server.app import survey_clients
+    from driftfl.server.survey import survey_clients
     from driftfl.server.experiment import prepare_experiment
 
     experiment = prepare_experiment(compose([f"strategy={name}", *TINY]))

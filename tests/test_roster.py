@@ -4,13 +4,17 @@ node is surveyed and takes its partition back. Lost replies are counted by parti
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from flwr.app import ConfigRecord, Error, Message, Metadata, RecordDict
 from flwr.common.constant import SUPERLINK_NODE_ID, ErrorCode
 
+from driftfl.common.config import compose
 from driftfl.common.errors import ConfigError
 from driftfl.common.protocol import DATASET_META
+from driftfl.server.federation import DeployedFederation
 from driftfl.server.roster import Roster
 from driftfl.strategies import FedAvg
 from test_reply_checks import (GLOBAL, META, ScriptedGrid, summary_reply, surveyed,
@@ -108,16 +112,28 @@ def sent_train_messages(strategy, nodes):
         m.metadata.__dict__["_message_id"] = f"sent-to-{m.metadata.dst_node_id}"
 
 
-def test_a_node_that_sent_nothing_back_and_disconnected_is_lost_not_rejected_and_not_used():
+def deployed(grid, min_clients=1):
+    """A deployed federation over ``grid`` whose clients are CLIENTS, its roster started."""
+    federation = DeployedFederation(grid, compose([f"min_clients={min_clients}",
+                                                   "rejoin_wait=0", "num_clients=3"]))
+    federation.start(CLIENTS, Path("run"), ConfigRecord({DATASET_META: META}),
+                     lambda clients, moved: None)
+    return federation
+
+
+def test_a_node_that_sent_nothing_back_and_disconnected_is_lost_not_rejected_and_not_used(
+        capsys):
     strategy = surveyed(FedAvg(), CLIENTS)
     sent_train_messages(strategy, [10, 11, 12])
-    strategy.connected = lambda: [10, 11]
+    federation = deployed(ChangingGrid([10, 11]))
     updates = strategy.accept([train_reply(10, [2.0, 2.0], 5), train_reply(11, [1.0, 3.0], 5),
                                superlink_error()])
+    federation.settle(strategy)
     assert [u.node_id for u in updates] == [10, 11]
     assert strategy.report.lost == ["2"] and strategy.report.lost_nodes == [12]
     assert strategy.report.rejected == [] and strategy.report.late == []
     assert np.array_equal(strategy.global_arrays["w"], GLOBAL["w"])
+    assert federation.lost == [12]  # the roster waits for it before the next round
 
 
 def test_the_superlinks_error_reply_names_a_lost_node_that_is_connected_again():
@@ -125,8 +141,9 @@ def test_the_superlinks_error_reply_names_a_lost_node_that_is_connected_again():
     ended: only the SuperLink's error reply, in reply to the message sent to it, tells."""
     strategy = surveyed(FedAvg(), CLIENTS)
     sent_train_messages(strategy, [10, 11, 12])
-    strategy.connected = lambda: [10, 11, 12]
+    federation = deployed(ChangingGrid([10, 11, 12]))
     strategy.accept([train_reply(10, [2.0, 2.0], 5), superlink_error("sent-to-11")])
+    federation.settle(strategy)
     assert strategy.report.lost == ["1"] and strategy.report.late == ["2"]
 
 
@@ -135,21 +152,36 @@ def test_a_connected_node_over_round_timeout_is_late_not_lost_and_never_back(cap
     said "partition 2 is back" though it never disconnected."""
     strategy = surveyed(FedAvg(), CLIENTS)
     grid = ChangingGrid([10, 11, 12])
-    clients, _ = roster(grid)
-    strategy.roster, strategy.connected = clients.nodes, grid.get_node_ids
+    federation = deployed(grid)
     sent_train_messages(strategy, [10, 11, 12])
     updates = strategy.accept([train_reply(10, [2.0, 2.0], 5), train_reply(11, [1.0, 3.0], 5)])
+    federation.settle(strategy)
     assert [u.node_id for u in updates] == [10, 11]
     assert strategy.report.late == ["2"] and strategy.report.lost == []
-    assert strategy.available(2, grid) == [10, 11, 12]  # still a client, sampled again
-    assert capsys.readouterr().out == ""  # no "is back", no "missing"
+    federation.begin_round(2)
+    assert strategy.available(2, federation.grid) == [10, 11, 12]  # still a client
+    assert "is back" not in capsys.readouterr().out and "missing" not in \
+        capsys.readouterr().out
 
 
 def test_in_simulation_a_missing_reply_is_late():
-    strategy = surveyed(FedAvg(), CLIENTS)  # no ``connected``: nodes are never lost
+    strategy = surveyed(FedAvg(), CLIENTS)  # no federation: nodes are never lost
     sent_train_messages(strategy, [10, 11])
     strategy.accept([train_reply(10, [2.0, 2.0], 5)])
     assert strategy.report.late == ["1"] and strategy.report.lost_nodes == []
+
+
+def test_the_rounds_nodes_are_the_rosters_and_the_strategy_samples_only_them():
+    """The federation's grid offers the strategy the round's connected clients: a lost one
+    is not sampled, whatever Flower still lists."""
+    grid = ChangingGrid([10, 11])
+    federation = deployed(grid)
+    federation.begin_round(3)
+    strategy = surveyed(FedAvg(), CLIENTS)
+    assert federation.grid.get_node_ids() == [10, 11]
+    assert strategy.available(3, federation.grid) == [10, 11]
+    with pytest.raises(ConfigError, match="fewer than min_clients=3"):
+        deployed(ChangingGrid([10]), min_clients=3).begin_round(4)
 
 
 def test_a_client_whose_node_id_connects_again_is_back_without_a_new_survey(capsys):

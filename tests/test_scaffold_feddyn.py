@@ -317,7 +317,7 @@ def test_scaffold_trains_two_rounds_with_real_clients(fmnist_available, server_t
     from test_methods import TINY, InProcessGrid, fmnist_nodes
 
     from driftfl.common.protocol import DATASET_META, EXPERIMENT, model_to_arrays
-    from driftfl.server.app import survey_clients
+    from driftfl.server.survey import survey_clients
     from driftfl.server.experiment import prepare_experiment
 
     experiment = prepare_experiment(compose(["strategy=scaffold", *TINY]))

@@ -16,7 +16,7 @@ from driftfl.common.errors import ConfigError
 from driftfl.common.protocol import (ARRAYS, DATASET_META, EXPERIMENT, LOCAL_STEPS,
                                      NUM_EXAMPLES, model_to_arrays)
 from driftfl.methods import build_strategy, check_experiment
-from driftfl.server.app import survey_clients
+from driftfl.server.survey import survey_clients
 from driftfl.server.experiment import prepare_experiment
 from driftfl.common.privacy import float_keys
 from driftfl.server.secure import check_weights, secure_train_round

@@ -21,7 +21,7 @@ from driftfl.common.evaluation import evaluate
 from driftfl.common.protocol import (ARRAYS, CONTROL, CONTROL_DELTA, DATASET_META, EXPERIMENT,
                                      FISHER, LOCAL_STEPS, METRICS, model_to_arrays)
 from driftfl.methods import build_strategy
-from driftfl.server.app import survey_clients
+from driftfl.server.survey import survey_clients
 from driftfl.server.experiment import prepare_experiment
 from driftfl.strategies.aggregation import to_numpy
 from driftfl.strategies.fedcurv import FISHER_BOUND, FedCurv, sums

@@ -216,7 +216,7 @@ def fedproto_run(attack: str | None, guarded: bool = True, rounds: int = 4) -> f
     counted (the probe's); for "negated", its own prototypes times -5 (inside the bounds)."""
     from test_methods import InProcessGrid, fmnist_nodes
 
-    from driftfl.server.app import survey_clients
+    from driftfl.server.survey import survey_clients
     from driftfl.server.experiment import prepare_experiment
 
     experiment = prepare_experiment(compose(FMNIST))

@@ -10,7 +10,7 @@ from driftfl.common.errors import ConfigError
 from driftfl.common.protocol import ARRAYS, CONFIG, METHOD, PROXIMAL_MU, SERVER_ROUND
 from driftfl.methods import build_strategy, check_experiment
 from driftfl.strategies import FedAvg, Selection
-from driftfl.strategies.nodes import wait_for_nodes
+from driftfl.server.nodes import wait_for_nodes
 
 
 class FakeGrid:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import copy
 import logging
-import math
 import random
 import time
 from pathlib import Path
@@ -13,7 +12,6 @@ from pathlib import Path
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord
 from flwr.serverapp import Grid, ServerApp
-from flwr.superlink.grid import InMemoryGrid
 
 from driftfl.common import paths
 from driftfl.common.client_split import ACC_AFTER, ACC_BEFORE
@@ -22,30 +20,25 @@ from driftfl.common.config import compose
 from driftfl.common.datasets import to_tensors
 from driftfl.common.errors import ConfigError
 from driftfl.common.evaluation import evaluate
-from driftfl.common.owners import Owner, read_owners
 from driftfl.common.partition import describe
 from driftfl.common.protocol import (DATASET_META, EXPERIMENT, load_arrays, load_numpy,
                                      model_to_arrays)
 from driftfl.methods import build_strategy
 from driftfl.strategies import DriftStrategy
 from driftfl.strategies.aggregation import to_numpy, to_record
-from driftfl.strategies.nodes import wait_for_nodes
 
 from . import checkpoint, console
 from .client_eval import client_figures, spread_columns
 from .experiment import Experiment, prepare_experiment
+from .federation import Federation
 from .results import RunRecorder
-from .roster import Roster
 from .run_config import experiment_overrides
 from .outcome import run_status
 from .rounds import run_rounds
 from .secure import check_weights
-from .simulated import AssigningGrid, assign_partitions, registration_order
-from .survey import survey_clients
 from .traffic import MeteredGrid
 
 app = ServerApp()
-SIMULATION_NODES_GRACE = 5.0  # seconds
 
 
 class ExperimentRefused(Exception):
@@ -76,29 +69,6 @@ def main(grid: Grid, context: Context) -> None:
         raise ExperimentRefused(str(err)) from None
 
 
-def simulated_nodes(grid: Grid, num_clients: int) -> list[int]:
-    """The simulation's nodes, all registered as it starts: too few is known at once."""
-    try:  # the engine registers them just after starting the ServerApp: a moment's grace
-        return wait_for_nodes(grid, num_clients, timeout=SIMULATION_NODES_GRACE, every=math.inf)
-    except ConfigError:
-        have = len(list(grid.get_node_ids()))
-        raise ConfigError(
-            f"this simulation has {have} SuperNodes but num_clients={num_clients}; give flwr run "
-            f"--federation-config \"num_supernodes={num_clients}\" (or set num_clients={have})"
-        ) from None
-
-
-def experiment_owners(cfg, deployed: bool) -> dict[int, Owner] | None:
-    """The owners file the experiment names (read on the SuperLink's machine, where the
-    ServerApp runs), checked before anything runs; None when it names none."""
-    if cfg.owners is None:
-        return None
-    if not deployed:
-        raise ConfigError("owners= binds deployed nodes to partitions; a simulation assigns "
-                          "them itself: leave owners out")
-    return read_owners(Path(cfg.owners), cfg.num_clients)
-
-
 def run_experiment(grid: Grid, experiment: Experiment, run_dir: Path, run_id: int,
                    resume: bool = False) -> dict:
     """The whole run; ``resume``: go on from the checkpoint in ``run_dir``."""
@@ -107,26 +77,18 @@ def run_experiment(grid: Grid, experiment: Experiment, run_dir: Path, run_id: in
         logging.getLogger("flwr").setLevel(logging.WARNING)
     random.seed(cfg.seed)
     np.random.seed(cfg.seed)
-    # too few simulated nodes is known at once: refused before the run directory is written
-    deployed = not isinstance(grid, InMemoryGrid)  # else Flower's simulation, in this process
-    simulated = simulated_nodes(grid, cfg.num_clients) if not deployed else []
-    owners = experiment_owners(cfg, deployed)
+    # too few simulated nodes, or a bad owners file, is known at once: refused before the run
+    # directory is written
+    federation = Federation.of(grid, cfg)
     model = experiment.initial_model()
     strategy = build_strategy(cfg, model, experiment.aux_set(model),
-                              deployed=deployed)
+                              claims_counts=federation.claims_counts)
     saved = checkpoint.load(run_dir, cfg, model, strategy) if resume else None
     recorder = RunRecorder(run_dir, cfg, run_id, saved)
     # what every message to a client carries: the experiment and how to read its data
     experiment_record = ConfigRecord({EXPERIMENT: cfg.to_json(),
                                       DATASET_META: experiment.meta.to_json()})
-    if not deployed:  # Flower's simulation: the server assigns partitions
-        clients = assign_partitions(registration_order(grid, simulated), cfg.num_clients,
-                                    experiment.partition_histograms)
-        metered = MeteredGrid(AssigningGrid(grid, clients))
-    else:  # deployment: each node says what it holds
-        metered = MeteredGrid(grid)
-        clients = survey_clients(metered, experiment_record, cfg.num_clients, cfg.node_wait,
-                                 cfg.round_timeout, owners)
+    clients = federation.meet(experiment_record, experiment.partition_histograms)
     moved = checkpoint.restore(strategy, saved, clients) if saved else {}
     strategy.meet(clients)
     if cfg.secagg.enabled:
@@ -136,16 +98,7 @@ def run_experiment(grid: Grid, experiment: Experiment, run_dir: Path, run_id: in
         strategy.rejoin(now, moved)
         recorder.clients_moved(now, moved)
 
-    roster = None
-    if deployed:
-        print(f"driftfl: each round is saved in {run_dir / checkpoint.CHECKPOINT}; should the "
-              f"run stop, go on with resume={run_dir} (driftfl run superlink=...) or "
-              "resume=true in the same run config (flwr run)", flush=True)
-        roster = Roster(metered, experiment_record, clients, num_partitions=cfg.num_clients,
-                        min_clients=cfg.min_clients, rejoin_wait=cfg.rejoin_wait,
-                        timeout=cfg.round_timeout, on_change=clients_moved, owners=owners)
-        strategy.roster = roster.nodes
-        strategy.connected = metered.get_node_ids  # a silent node still connected is late
+    federation.start(clients, run_dir, experiment_record, clients_moved)
     title = (f"{cfg.strategy.name} on {cfg.dataset.name}, {describe(cfg.partition)}, "
              f"{len(clients)} clients, {cfg.model.name}")
     print(console.partition_table(clients, list(experiment.data.classes), title), flush=True)
@@ -160,15 +113,15 @@ def run_experiment(grid: Grid, experiment: Experiment, run_dir: Path, run_id: in
                                     "label_histogram": np.bincount(
                                         aux_labels, minlength=experiment.data.num_classes
                                     ).tolist()}})
-    if moved and deployed:  # simulated node ids are new every run
-        recorder.clients_moved(clients, moved)
+    federation.record_moves(recorder, clients, moved)
 
-    evaluator = RoundEvaluator(experiment, copy.deepcopy(model), strategy, metered, recorder)
+    evaluator = RoundEvaluator(experiment, copy.deepcopy(model), strategy, federation.grid,
+                               recorder)
     arrays = model_to_arrays(model)
     if saved:
         arrays = to_record(saved["arrays"])
         checkpoint.restore_random(saved)
-        metered.take()  # the data survey again: round 0's row counted it once already
+        federation.grid.take()  # the data survey again: round 0's row counted it once already
         print(f"driftfl: resuming {run_dir} after round {saved['round']} of {cfg.rounds}",
               flush=True)
 
@@ -181,20 +134,20 @@ def run_experiment(grid: Grid, experiment: Experiment, run_dir: Path, run_id: in
 
     stopped, budget = "", ""
     try:
-        budget = run_rounds(strategy, metered, arrays,
+        budget = run_rounds(strategy, federation, arrays,
                    first_round=saved["round"] + 1 if saved else 1,
                    num_rounds=cfg.rounds, timeout=cfg.round_timeout,
                    train_config=experiment_record,
                    evaluate_config=ConfigRecord(dict(experiment_record)),
                    evaluate_fn=evaluator, after_round=after_round, secagg=cfg.secagg)
-    except ConfigError as err:  # the roster: fewer than min_clients connected
+    except ConfigError as err:  # deployment's roster: fewer than min_clients connected
         stopped = str(err)
     load_arrays(model, latest["arrays"])
     rows = recorder.rows
     best = max(rows, key=lambda r: r["test_accuracy"])
     last = strategy.report.rejected
     status = run_status(rows, stopped=stopped, min_clients=cfg.min_clients,
-                        connected=roster.connected_count() if roster and not stopped else None,
+                        connected=None if stopped else federation.connected_count(),
                         last_rejection=last[0] if last else "")
     summary = {**status, "rounds": cfg.rounds,
                "rounds_without_usable_reply": sum(not r["model_updated"] for r in rows[1:]),

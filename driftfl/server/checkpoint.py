@@ -46,8 +46,8 @@ VERSION = 2  # 1 was the pickle of earlier driftfl, refused unread
 # strategy attributes that belong to one round (the replies, the round's report, the round
 # plan's assignments, drawn afresh from the seed each round) or to one process (the roster
 # holds the grid): made afresh, never saved
-TRANSIENT = frozenset({"roster", "connected", "train_messages", "last_updates",
-                       "report", "payload_sum", "released", "plan"})
+TRANSIENT = frozenset({"train_messages", "last_updates", "report", "payload_sum", "released",
+                       "plan"})
 KEYS = ("format", "version", "round", "config", "arrays", "strategy", "rng", "rows",
         "recorded", "seconds")
 ROW_NUMBERS = ("round", "test_accuracy", "test_loss", "model_updated", "bytes_sent",

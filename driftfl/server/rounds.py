@@ -6,7 +6,6 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from flwr.app import ArrayRecord, ConfigRecord
-from flwr.serverapp import Grid
 
 from driftfl.common.privacy import SecAggSettings
 from driftfl.strategies import DriftStrategy
@@ -14,23 +13,27 @@ from driftfl.strategies import DriftStrategy
 from .secure import secure_train_round
 
 
-def run_rounds(strategy: DriftStrategy, grid: Grid, arrays: ArrayRecord, *, first_round: int,
+def run_rounds(strategy: DriftStrategy, federation, arrays: ArrayRecord, *, first_round: int,
                num_rounds: int, timeout: float, train_config: ConfigRecord,
                evaluate_config: ConfigRecord,
                evaluate_fn: Callable[[int, ArrayRecord], object],
                after_round: Callable[[int, ArrayRecord], None],
                secagg: SecAggSettings | None = None) -> str:
     """Rounds ``first_round``..``num_rounds`` as Flower runs them (train, federated
-    evaluation, central evaluation), then ``after_round``. Round 0's central evaluation comes
-    first in a run that starts at round 1. With ``secagg`` enabled, training runs through
-    Flower's SecAgg+ protocol (driftfl.server.secure). Returns why the run stopped early ("" if it did not): the
-    strategy's ``stop_before`` (the privacy budget)."""
+    evaluation, central evaluation), then ``after_round``, over the ``federation``'s grid,
+    which sets each round's nodes first and settles who was lost after training. Round 0's
+    central evaluation comes first in a run that starts at round 1. With ``secagg`` enabled,
+    training runs through Flower's SecAgg+ protocol (driftfl.server.secure). Returns why the
+    run stopped early ("" if it did not): the strategy's ``stop_before`` (the privacy
+    budget)."""
     if first_round == 1:
         evaluate_fn(0, arrays)
+    grid = federation.grid
     for server_round in range(first_round, num_rounds + 1):
         if stop := strategy.stop_before(server_round):
             print(f"driftfl: {stop}", flush=True)
             return stop
+        federation.begin_round(server_round)
         if secagg is not None and secagg.enabled:
             aggregate = secure_train_round(strategy, grid, secagg, server_round, arrays,
                                            train_config, timeout)
@@ -39,6 +42,7 @@ def run_rounds(strategy: DriftStrategy, grid: Grid, arrays: ArrayRecord, *, firs
                 strategy.configure_train(server_round, arrays, train_config, grid),
                 timeout=timeout)
             aggregate, _ = strategy.aggregate_train(server_round, replies)
+        federation.settle(strategy)
         if aggregate is not None:
             arrays = aggregate
         replies = grid.send_and_receive(

@@ -24,7 +24,7 @@ from driftfl.common.errors import ConfigError
 from driftfl.common.owners import MAX_EXAMPLES, OWN_DATA, Owner, partition_name
 from driftfl.common.protocol import (CONFIG, DATA_SUMMARY, DATASET_META, LABEL_HISTOGRAM,
                                      METRICS, NUM_EXAMPLES, PARTITION_ID, DatasetMeta)
-from driftfl.strategies.nodes import wait_for_nodes
+from .nodes import wait_for_nodes
 
 BATCH = 1000  # nodes asked at once: bounds the messages in flight and paces the progress line
 

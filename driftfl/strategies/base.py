@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from logging import INFO, WARNING
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -60,10 +60,12 @@ class RoundReport:
     clients: int = 0
     rejected: list[str] = field(default_factory=list)  # "partition 3 (node 81...): reason"
     rejected_partitions: list[str] = field(default_factory=list)  # as client_name gives them
-    # sent a train message, sent nothing back and disconnected (client_name), their node ids
+    silent: list[int] = field(default_factory=list)  # sent a train message, sent nothing back
+    # of those, the lost (client_name, and their node ids): the SuperLink reported them
+    # unavailable, or (the federation settles it) they are no longer connected
     lost: list[str] = field(default_factory=list)
     lost_nodes: list[int] = field(default_factory=list)
-    late: list[str] = field(default_factory=list)  # sent nothing back, still connected
+    late: list[str] = field(default_factory=list)  # the others: over round_timeout
     dropped: list[str] = field(default_factory=list)  # heterogeneity: dropped before training
     refused_aggregate: str = ""  # why the aggregate did not replace the global model
     refused_state: list[str] = field(default_factory=list)  # "<state>: reason", state kept
@@ -138,21 +140,16 @@ class DriftStrategy(FederatedEvaluation, ReplyGuard, KnownClients, FedAvg):
         self.last_updates: list[ClientUpdate] = []  # the replies that passed the checks
         self.trained: list[int] = []  # the nodes sent this round's train message
         self.train_messages: list[Message] = []  # those messages (the grid gives them their ids)
-        # deployment: the nodes connected now (grid.get_node_ids), to tell a lost node from a
-        # late one; None: simulation, where nodes are never lost
-        self.connected: Callable[[], Iterable[int]] | None = None
-        # deployment: the connected clients' nodes for a round (Roster.nodes); None: wait for
-        # min_available_nodes, as in simulation, where nodes are never lost
-        # deployment's roster: (round, nodes lost last round) -> the clients connected now
-        self.roster: Callable[[int, list[int]], list[int]] | None = None
 
     @classmethod
     def from_config(cls, cfg: ExperimentConfig, model: nn.Module,
-                    aux_set: AuxSet | None = None, deployed: bool = False) -> DriftStrategy:
+                    aux_set: AuxSet | None = None, claims_counts: bool = False
+                    ) -> DriftStrategy:
         """This strategy for a checked experiment (``driftfl.methods.check_experiment``);
         ``aux_set`` is the server's held-back set, for strategies that measure models on it.
-        ``deployed``: the nodes claim their example counts, so max_examples_ratio caps their
-        weights (in simulation the server assigns the partitions: nothing to cap)."""
+        ``claims_counts``: the nodes claim their example counts (deployment), so
+        max_examples_ratio caps their weights (in simulation the server assigns the
+        partitions: nothing to cap)."""
         flwr_logger = logging.getLogger("flwr")
         level = flwr_logger.level
         flwr_logger.setLevel(logging.ERROR)  # Flower warns of settings chosen on purpose (mu=0)
@@ -163,7 +160,8 @@ class DriftStrategy(FederatedEvaluation, ReplyGuard, KnownClients, FedAvg):
                        max_update_ratio=cfg.max_update_ratio,
                        max_peer_ratio=cfg.max_peer_ratio,
                        local_training=TrainSettings.local_stage(cfg),
-                       max_examples_ratio=cfg.max_examples_ratio if deployed else math.inf,
+                       max_examples_ratio=(cfg.max_examples_ratio if claims_counts
+                                           else math.inf),
                        fraction_train=cfg.fraction, fraction_evaluate=cfg.fraction_evaluate,
                        min_train_nodes=1, min_evaluate_nodes=0,
                        min_available_nodes=cfg.num_clients,
@@ -267,17 +265,12 @@ class DriftStrategy(FederatedEvaluation, ReplyGuard, KnownClients, FedAvg):
         report = RoundReport()
         answered = (secure.answered if secure is not None
                     else {msg.metadata.src_node_id for msg in replies})
-        silent = [n for n in self.trained if n not in answered]
-        gone = self.disconnected(replies, silent)
-        report.lost_nodes = [n for n in silent if n in gone]
+        report.silent = [n for n in self.trained if n not in answered]
+        gone = self.unavailable(replies, report.silent)
+        report.lost_nodes = [n for n in report.silent if n in gone]
         report.lost = [self.client_name(n) for n in report.lost_nodes]
-        report.late = [self.client_name(n) for n in silent if n not in gone]
+        report.late = [self.client_name(n) for n in report.silent if n not in gone]
         report.dropped = [self.client_name(n) for n in self.plan.dropped]
-        for node in silent:
-            log(WARNING, "round reply from %s %s", self.describe(node),
-                "lost: the node disconnected" if node in gone else
-                f"late: none within round_timeout={self.round_timeout:g} s, the node is "
-                "still connected")
         self.report = report
         if secure is not None:
             for node, reason in sorted(secure.rejected.items(), key=lambda i: self.rank(i[0])):
@@ -313,18 +306,15 @@ class DriftStrategy(FederatedEvaluation, ReplyGuard, KnownClients, FedAvg):
                 updates.append(checked)
         return updates
 
-    def disconnected(self, replies: list[Message], silent: list[int]) -> set[int]:
-        """Of the nodes that sent no reply (``silent``), those lost: named by the SuperLink's
-        error reply for an unavailable node (it answers the message sent to it), or no longer
-        connected. The others are late: connected, but over round_timeout."""
+    def unavailable(self, replies: list[Message], silent: list[int]) -> set[int]:
+        """Of the nodes that sent no reply (``silent``), those the SuperLink reported
+        unavailable: its error reply answers the message sent to the node. (Whether the others
+        are still connected is the federation's to settle.)"""
         sent_to = {m.metadata.message_id: m.metadata.dst_node_id for m in self.train_messages
                    if m.metadata.message_id}
         gone = {sent_to.get(msg.metadata.reply_to_message_id) for msg in replies
                 if msg.has_error() and msg.metadata.src_node_id == SUPERLINK_NODE_ID
                 and msg.error.code == ErrorCode.NODE_UNAVAILABLE}
-        if self.connected is not None:
-            connected = set(self.connected())
-            gone |= {n for n in silent if n not in connected}
         return gone & set(silent)
 
     def record_rejection(self, report: RoundReport, node: int, reason: str) -> None:

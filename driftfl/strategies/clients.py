@@ -1,7 +1,7 @@
 """The clients a strategy knows: what the data survey found of each node, which nodes train in
 a round, and how nodes are named and ordered everywhere (logs, sums, the round plan's draws).
 A mixin of ``DriftStrategy``, whose constructor sets the state it reads: ``node_rank``,
-``surveyed``, ``histograms``, ``selection``, ``aggregation``, ``roster`` and ``report``."""
+``surveyed``, ``histograms``, ``selection`` and ``aggregation``."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ import numpy as np
 from flwr.app import Message
 from flwr.serverapp import Grid
 
-from .nodes import wait_for_nodes
 from .selection import ExploredClients
 
 
@@ -47,10 +46,9 @@ class KnownClients:
                                      self.explored_clients())
 
     def available(self, server_round: int, grid: Grid) -> list[int]:
-        """The surveyed nodes connected now, in rank order."""
-        nodes = (self.roster(server_round, self.report.lost_nodes) if self.roster
-                 else wait_for_nodes(grid, self.min_available_nodes))
-        return sorted(filter(self.usable, nodes), key=self.rank)
+        """The surveyed nodes the grid offers this round (the federation sets them: in
+        deployment the roster's connected clients), in rank order."""
+        return sorted(filter(self.usable, grid.get_node_ids()), key=self.rank)
 
     def train_count(self, available: int) -> int:
         count = max(self.min_train_nodes, math.floor(available * self.fraction_train + 1e-9))
