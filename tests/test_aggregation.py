@@ -62,7 +62,7 @@ def test_fedavg_weights_by_examples_and_keeps_integer_counters_from_the_first_cl
 def test_replies_are_used_in_node_order_not_arrival_order():
     # floating-point sums depend on the order; arrival order would make same-seed runs differ
     strategy = started(FedAvg())
-    strategy.node_rank = {30: 0, 10: 1, 20: 2}  # node id -> partition id
+    strategy.clients.node_rank = {30: 0, 10: 1, 20: 2}  # node id -> partition id
     arrivals = [reply(20, [1.0, 2.0], n=5, count=2), reply(10, [3.0, 1.0], n=7, count=1),
                 reply(30, [0.5, 0.1], n=3, count=0), reply(99, [2.0, 2.0], n=1, count=3)]
     assert [u.node_id for u in strategy.accept(arrivals)] == [30, 10, 20, 99]

@@ -208,7 +208,7 @@ def refusal(run_dir: Path, change, *more: str) -> str:
 
 
 @pytest.mark.parametrize("change, expected", [
-    (lambda t: t.update(version=1), "has format version 1; this driftfl reads version 2"),
+    (lambda t: t.update(version=1), "has format version 1; this driftfl reads version 3"),
     (lambda t: t.update(version=np.ones(2)), r"has format version array\(\[1., 1.\]\); this"),
     (lambda t: t.update(format=np.ones(2)), "is not a driftfl checkpoint"),
     (lambda t: t.update(extra=0), "holds what no checkpoint holds: extra"),
@@ -229,9 +229,9 @@ def refusal(run_dir: Path, change, *more: str) -> str:
                                              r"experiment's model has \[.*'head.bias'\]"),
     (lambda t: t["arrays"].update({"head.bias": t["arrays"]["head.bias"].astype(np.float64)}),
      r"holds the model array head.bias as float64 \(10,\)"),
-    (lambda t: t["strategy"].update(node_rank=[1, 2]),
-     r"holds strategy state that has node_rank as a list; this experiment's strategy keeps "
-     r"a dict"),
+    (lambda t: t["strategy"]["clients"].update(node_rank=[1, 2]),
+     r"holds strategy state that has clients.node_rank as a list; this experiment's strategy "
+     r"keeps a dict"),
     (lambda t: t["strategy"].pop("trained"), r"holds strategy state that lacks trained"),
     (lambda t: t.update(strategy=[1]), r"holds strategy state that is a list, not attributes "
                                        r"by name"),
@@ -276,8 +276,10 @@ def test_settings_are_never_saved_and_parts_keep_only_their_state(fmnist_availab
                     "model", "seed", "filter_ratio", "augment", "proximal_mu"):
         assert setting not in state, setting
     assert state["selection"] == {"last_exploited": []}  # its seed and epsilon are settings
-    assert {"store", "explored", "matrix", "started", "node_rank"} <= set(state)
-    assert not {"roster", "report", "last_updates"} & set(state)  # one round's, one process's
+    assert {"store", "explored", "matrix", "started", "clients"} <= set(state)
+    assert set(state["clients"]) == {"node_rank", "surveyed", "histograms"}
+    assert not {"guard", "evaluation"} & set(state)  # their bounds and clients are settings
+    assert not {"report", "last_updates"} & set(state)  # one round's
 
 
 def test_a_tree_comes_back_exactly_and_its_file_holds_no_pickle(tmp_path):

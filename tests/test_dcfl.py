@@ -395,7 +395,7 @@ def test_a_reply_with_a_bad_condensed_set_changes_no_dcfl_state(fmnist_available
     strategy, _, _ = run_rounds(["strategy=dcfl", *TINY, "strategy.pretrain_requests=0"], 1)
     before = (list(strategy.explored), dict(strategy.store))
     strategy.asked = {999}
-    strategy.surveyed[999] = 10  # a surveyed node
+    strategy.clients.surveyed[999] = 10  # a surveyed node
     from driftfl.strategies.aggregation import ClientUpdate
 
     # a reply that passed the common checks, from a node asked to condense

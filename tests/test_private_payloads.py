@@ -220,7 +220,7 @@ def test_fedproto_under_central_privacy_is_the_clipped_sum_over_the_holders_sent
     terms = plain_payloads(["strategy=fedproto", "strategy.prototype_mean=plain"],
                            FEATURE_PROTOTYPES)
     total = sum(clipped(t, 2.0)[0] for n, t in terms.items() if n != silent)
-    held = holders(strategy.histograms, list(terms), strategy.num_classes)
+    held = holders(strategy.clients.histograms, list(terms), strategy.num_classes)
     expected, present = from_sum(total, held)
     np.testing.assert_allclose(strategy.prototypes, expected, atol=1e-6)
     np.testing.assert_array_equal(strategy.present, present)
@@ -263,7 +263,7 @@ def test_fedcsd_prototypes_through_secagg_and_distributed_dp_after_a_dropout(
     assert all(l2(t) > 0.5 for t in terms.values())  # the clip bites
     survivors = [n for n in terms if n != drop]
     total = sum(clipped(terms[n], 0.5)[0] for n in survivors)
-    expected, present = from_sum(total, holders(strategy.histograms, survivors, 10))
+    expected, present = from_sum(total, holders(strategy.clients.histograms, survivors, 10))
     level = 2 * cfg.secagg.clipping_range / cfg.secagg.quantization_range
     assert np.abs(strategy.prototypes - expected).max() <= CLIENTS * CLIENTS * level + 1e-5
     np.testing.assert_array_equal(strategy.present, present)

@@ -12,6 +12,7 @@ import pytest
 from flwr.app import ConfigRecord
 
 from conftest import REPO
+from driftfl.client.objectives import OBJECTIVES
 from driftfl.common.config import compose
 from driftfl.common.protocol import DATASET_META, EXPERIMENT, METHOD, model_to_arrays
 from driftfl.methods import METHODS, Method, build_strategy
@@ -43,7 +44,7 @@ def fedcentre():
     strategy = guide_module("class FedCentre(DriftStrategy)")["FedCentre"]
     METHODS["fedcentre"] = Method(strategy, "centre")
     yield strategy
-    del METHODS["fedcentre"]
+    del METHODS["fedcentre"], OBJECTIVES["centre"]  # the repository's registries as they were
 
 
 def round_under(overrides: list[str], secure: bool = False, drop: int | None = None):

@@ -24,9 +24,9 @@ class FakeGrid:
 def sampled_partitions(node_ids, seed, server_round, fraction=0.3):
     strategy = FedAvg(selection=Selection(seed=seed), fraction_train=fraction, min_train_nodes=1,
                       min_available_nodes=1)
-    strategy.node_rank = {node: rank for rank, node in enumerate(node_ids)}
+    strategy.clients.node_rank = {node: rank for rank, node in enumerate(node_ids)}
     chosen = strategy.sample(server_round, FakeGrid(reversed(node_ids)))
-    return [strategy.node_rank[n] for n in chosen]
+    return [strategy.clients.node_rank[n] for n in chosen]
 
 
 def test_seed_and_round_fix_the_sampled_partitions_whatever_the_node_ids():

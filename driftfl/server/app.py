@@ -196,7 +196,7 @@ class RoundEvaluator:
             self.recorder.add_arrays(server_round, self.strategy.round_arrays())
             self.recorder.add_images(self.strategy.round_images(), self.mean, self.std)
             figures = client_figures(server_round, self.strategy.last_updates,
-                                     self.strategy.client_name)
+                                     self.strategy.clients.name)
             row.update(spread_columns(figures))  # per-client evaluation (client_test_fraction)
             self.recorder.add_clients(server_round, figures)
         now = time.perf_counter()  # diagnostics above count as evaluation, not training

@@ -42,7 +42,8 @@ from . import treefile
 
 CHECKPOINT = "checkpoint.pt"
 FORMAT = "driftfl checkpoint"
-VERSION = 2  # 1 was the pickle of earlier driftfl, refused unread
+VERSION = 3  # 1 was the pickle of earlier driftfl, refused unread; 2 kept the survey's state
+#              on the strategy itself, not in its clients part
 # strategy attributes that belong to one round (the replies, the round's report, the round
 # plan's assignments, drawn afresh from the seed each round) or to one process (the roster
 # holds the grid): made afresh, never saved
@@ -204,22 +205,27 @@ def is_part(value: Any) -> bool:
             and not isinstance(value, (nn.Module, BaseModel)) and not isinstance(value, type))
 
 
-def state_names(obj: Any) -> list[str]:
-    """The attributes of ``obj`` (a strategy or a part) that a checkpoint keeps."""
+def state_names(obj: Any, part: bool = False) -> list[str]:
+    """The attributes of ``obj`` (a strategy, or with ``part`` one of its parts) that a
+    checkpoint keeps. The strategy's parts are its state (the selection it was built with keeps
+    what it explored); a part's constructor arguments are its settings, parts among them (the
+    guard is given the strategy's clients, which the strategy keeps)."""
+    settings = settings_of(type(obj))
     return [name for name, value in vars(obj).items() if name not in TRANSIENT
-            and (state_names(value) if is_part(value) else name not in settings_of(type(obj)))]
+            and not (part and name in settings)
+            and (state_names(value, True) if is_part(value) else name not in settings)]
 
 
-def state_of(obj: Any) -> dict[str, Any]:
+def state_of(obj: Any, part: bool = False) -> dict[str, Any]:
     """The state of a strategy or a part: a part's as a dict of its own."""
-    return {name: state_of(value) if is_part(value) else value
-            for name in state_names(obj) for value in [getattr(obj, name)]}
+    return {name: state_of(value, True) if is_part(value) else value
+            for name in state_names(obj, part) for value in [getattr(obj, name)]}
 
 
 def unlike_state(saved: Any, obj: Any, path: str) -> str | None:
     """Why ``saved`` cannot be the state of ``obj``, a freshly built strategy or part (None:
-    it can); ``path`` names ``obj`` in the message."""
-    names = state_names(obj)
+    it can); ``path`` names ``obj`` in the message (empty: the strategy)."""
+    names = state_names(obj, part=bool(path))
     if not isinstance(saved, dict):
         whole = f"has {path.rstrip('.')} as" if path else "is"
         return f"{whole} a {type(saved).__name__}, not attributes by name"
@@ -267,7 +273,7 @@ def restore(strategy, state: dict, clients: list[dict]) -> dict[int, int]:
     Returns those moves (old -> new node id)."""
     put_state(strategy, state["strategy"])
     now = {c["partition_id"]: c["node_id"] for c in clients if c["partition_id"] >= 0}
-    saved = state["strategy"].get("node_rank", {})
+    saved = state["strategy"].get("clients", {}).get("node_rank", {})
     moved = {old: now[p] for old, p in saved.items()
              if isinstance(p, int) and p in now and now[p] != old}
     strategy.rekey(moved)

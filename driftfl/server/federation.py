@@ -96,10 +96,10 @@ class Federation:
         report = strategy.report
         gone = set(report.lost_nodes) | self.disconnected(report.silent)
         report.lost_nodes = [n for n in report.silent if n in gone]
-        report.lost = [strategy.client_name(n) for n in report.lost_nodes]
-        report.late = [strategy.client_name(n) for n in report.silent if n not in gone]
+        report.lost = [strategy.clients.name(n) for n in report.lost_nodes]
+        report.late = [strategy.clients.name(n) for n in report.silent if n not in gone]
         for node in report.silent:
-            log(WARNING, "round reply from %s %s", strategy.describe(node),
+            log(WARNING, "round reply from %s %s", strategy.clients.describe(node),
                 "lost: the node disconnected" if node in gone else
                 f"late: none within round_timeout={self.cfg.round_timeout:g} s, the node is "
                 "still connected")

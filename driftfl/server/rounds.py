@@ -10,7 +10,7 @@ from flwr.app import ArrayRecord, ConfigRecord
 from driftfl.common.privacy import SecAggSettings
 from driftfl.strategies import DriftStrategy
 
-from .secure import secure_train_round
+from .receive import receive_for
 
 
 def run_rounds(strategy: DriftStrategy, federation, arrays: ArrayRecord, *, first_round: int,
@@ -22,26 +22,19 @@ def run_rounds(strategy: DriftStrategy, federation, arrays: ArrayRecord, *, firs
     """Rounds ``first_round``..``num_rounds`` as Flower runs them (train, federated
     evaluation, central evaluation), then ``after_round``, over the ``federation``'s grid,
     which sets each round's nodes first and settles who was lost after training. Round 0's
-    central evaluation comes first in a run that starts at round 1. With ``secagg`` enabled,
-    training runs through Flower's SecAgg+ protocol (driftfl.server.secure). Returns why the
-    run stopped early ("" if it did not): the strategy's ``stop_before`` (the privacy
+    central evaluation comes first in a run that starts at round 1. Training goes through the
+    receive part the experiment's ``secagg`` chooses (receive.py: plain, or SecAgg+). Returns
+    why the run stopped early ("" if it did not): the strategy's ``stop_before`` (the privacy
     budget)."""
     if first_round == 1:
         evaluate_fn(0, arrays)
-    grid = federation.grid
+    grid, receive = federation.grid, receive_for(secagg)
     for server_round in range(first_round, num_rounds + 1):
         if stop := strategy.stop_before(server_round):
             print(f"driftfl: {stop}", flush=True)
             return stop
         federation.begin_round(server_round)
-        if secagg is not None and secagg.enabled:
-            aggregate = secure_train_round(strategy, grid, secagg, server_round, arrays,
-                                           train_config, timeout)
-        else:
-            replies = grid.send_and_receive(
-                strategy.configure_train(server_round, arrays, train_config, grid),
-                timeout=timeout)
-            aggregate, _ = strategy.aggregate_train(server_round, replies)
+        aggregate = receive.train(strategy, grid, server_round, arrays, train_config, timeout)
         federation.settle(strategy)
         if aggregate is not None:
             arrays = aggregate

@@ -151,9 +151,9 @@ def round_max_weight(strategy: DriftStrategy, nodes: list[int], settings: SecAgg
     quantisation SecAgg+ allows), at most secagg.max_weight; 1 when every client weighs 1."""
     if unweighted:
         return 1.0
-    if strategy.surveyed is None or not nodes:
+    if strategy.clients.surveyed is None or not nodes:
         return settings.max_weight
-    return float(min(settings.max_weight, max(strategy.survey_count(n) for n in nodes)))
+    return float(min(settings.max_weight, max(strategy.clients.count(n) for n in nodes)))
 
 
 def secure_train_round(strategy: DriftStrategy, grid: Grid, settings: SecAggSettings,
@@ -208,7 +208,7 @@ def secure_train_round(strategy: DriftStrategy, grid: Grid, settings: SecAggSett
                        zip(payload, mean[len(keys):], strict=True)}
         mean = mean[:len(keys)]
     updates = [ClientUpdate(m.metadata.src_node_id, {}, read_metrics(m.content[METRICS]), m)
-               for m in strategy.in_node_order(wire.collected)]
+               for m in strategy.clients.in_order(wire.collected)]
     answered = {m.metadata.src_node_id for m in wire.collected} | set(wire.rejected)
     arrays, _ = strategy.aggregate_train(server_round, SecureSum(
         updates, dict(wire.rejected), answered, mean, payload_sum, "" if completed else halted))

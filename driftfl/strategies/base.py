@@ -1,14 +1,25 @@
-"""What every driftfl strategy adds to Flower's FedAvg, and how a strategy is built from config.
+"""The round, as every driftfl strategy runs it, and how a strategy is built from config.
 
-- Parts chosen in config: a ``selection`` (which nodes train) and an ``aggregation`` (how the
-  checked replies become the next global model), with the clients' local ``objective``.
-- Reproducible sampling: the seed and the round fix which clients train, by partition id, not by
-  the random node ids Flower assigns (``clients.KnownClients``).
-- Every train message carries the experiment, the dataset description and the local objective.
-- Replies are checked before they touch the global model (see ``aggregation.check_reply``):
-  the common checks, the number of examples against what the node reported in the data
-  survey, the local step count against what the experiment's training makes of them, and the
-  aggregation's own; the aggregate is checked before it replaces the model.
+A round is a pipeline of parts, each chosen once from config and held by the strategy:
+
+    plan      round_plan.RoundPlan: what each node is asked (heterogeneity, per-client eval)
+    select    the ``selection`` part among the round's nodes (the federation's grid offers
+              them), or the release's secret sample (central DP)
+    send      ``configure_train``: the global model, the method's knowledge, each assignment
+    receive   the grid (or SecAgg+'s protocol: driftfl.server.secure hands a SecureSum over)
+    guard     check_reply, the survey's counts, the step count, the method's payload checks,
+              the release's own; screens against the round's peers where the release allows
+              them (``guard``: guard.ReplyGuard)
+    release   ``release`` (release/): plain, secure sum, central or distributed DP
+    aggregate the ``aggregation`` part, and the aggregate's own check
+    update    the method's state update: its ``aggregate_train`` override, after super()
+
+A method is hooks on this class and never reads which release or federation it runs under:
+what it sends (``knowledge``, ``node_knowledge``, ``before_train``), its summed payload
+(``payload_record``, ``payload()``) and the checks of it (``check_payload``, ``screen``), and its
+state update. The parts it calls: ``clients`` (who the survey found, how nodes are named and
+ordered), ``guard`` (peer screens, state bounds, weight caps) and ``evaluation`` (federated
+evaluation).
 
 A strategy takes its settings as constructor arguments, as Flower's own do; ``from_config``
 builds any of them from a checked experiment. Flower's FedProx and FedAvgM are reused by
@@ -21,7 +32,6 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from logging import INFO, WARNING
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -41,40 +51,21 @@ from driftfl.common.training import TrainSettings
 from .aggregation import (Aggregation, ClientUpdate, apply_update, check_reply, example_weights,
                           mean_metrics, norm_bound, to_numpy, to_record, update_norm)
 from .clients import KnownClients
-from .guard import ReplyGuard
 from .federated_evaluation import FederatedEvaluation
+from .guard import ReplyGuard
 from .parts import AGGREGATIONS, SELECTIONS
 from .release import Release, Released, RoundFacts, SecureSum, build_release
 from .round_plan import RoundPlan
-from .selection import Selection
+from .round_report import RoundReport
+from .selection import ExploredClients, Selection
 from .settings import StrategySettings
 
 if TYPE_CHECKING:
     from .aux_set import AuxSet
 
 
-@dataclass
-class RoundReport:
-    """What the last round's aggregation saw, for the per-round metrics row."""
-
-    clients: int = 0
-    rejected: list[str] = field(default_factory=list)  # "partition 3 (node 81...): reason"
-    rejected_partitions: list[str] = field(default_factory=list)  # as client_name gives them
-    silent: list[int] = field(default_factory=list)  # sent a train message, sent nothing back
-    # of those, the lost (client_name, and their node ids): the SuperLink reported them
-    # unavailable, or (the federation settles it) they are no longer connected
-    lost: list[str] = field(default_factory=list)
-    lost_nodes: list[int] = field(default_factory=list)
-    late: list[str] = field(default_factory=list)  # the others: over round_timeout
-    dropped: list[str] = field(default_factory=list)  # heterogeneity: dropped before training
-    refused_aggregate: str = ""  # why the aggregate did not replace the global model
-    refused_state: list[str] = field(default_factory=list)  # "<state>: reason", state kept
-    train_metrics: dict[str, float] = field(default_factory=dict)
-    evaluate_metrics: dict[str, float] = field(default_factory=dict)
-
-
-class DriftStrategy(FederatedEvaluation, ReplyGuard, KnownClients, FedAvg):
-    """FedAvg with driftfl's parts, sampling, message content and reply checks."""
+class DriftStrategy(FedAvg):
+    """Flower's FedAvg message flow with driftfl's round (above) and parts."""
 
     Settings: ClassVar[type[StrategySettings]] = StrategySettings
     provides: ClassVar[frozenset[str]] = frozenset()  # records and config keys sent to clients
@@ -131,9 +122,14 @@ class DriftStrategy(FederatedEvaluation, ReplyGuard, KnownClients, FedAvg):
         self.payload_sum: dict[str, np.ndarray] | None = None
         # heterogeneity and per-client evaluation: what each node is asked to do this round
         self.plan = RoundPlan()
-        self.node_rank: dict[int, int] = {}  # node id -> partition id (data survey)
-        self.surveyed: dict[int, int] | None = None  # node id -> num_examples (data survey)
-        self.histograms: dict[int, np.ndarray] = {}  # node id -> label histogram (data survey)
+        self.clients = KnownClients()  # what the data survey found
+        self.guard = ReplyGuard(max_peer_ratio=max_peer_ratio,
+                                max_update_ratio=max_update_ratio,
+                                max_examples_ratio=max_examples_ratio, clients=self.clients)
+        self.evaluation = FederatedEvaluation(fraction=self.fraction_evaluate,
+                                              min_nodes=self.min_evaluate_nodes,
+                                              clients=self.clients,
+                                              weight_cap=self.guard.weight_cap)
         self.report = RoundReport()
         self.global_arrays: dict[str, np.ndarray] = {}  # the model sent this round
         self.last_aggregate: dict[str, np.ndarray] = {}  # what the aggregation made of it
@@ -188,6 +184,42 @@ class DriftStrategy(FederatedEvaluation, ReplyGuard, KnownClients, FedAvg):
         experiment's, for the few a strategy needs: the seed, ...)."""
         return {}
 
+    # -- who trains ----------------------------------------------------------------------
+    def meet(self, clients: list[dict]) -> None:
+        """What the data survey found, before the first round: each client's node_id,
+        partition_id, num_examples and label_histogram."""
+        self.clients.meet(clients)
+        self.aggregation.meet(clients)
+
+    def rejoin(self, clients: list[dict], moved: dict[int, int]) -> None:
+        """Clients came back under new node ids (old -> new): meet them all again."""
+        self.meet(clients)
+        self.rekey(moved)
+
+    def rekey(self, moved: dict[int, int]) -> None:
+        """State kept by node id follows its client to a new node id (old -> new): a restarted
+        SuperNode, a resumed run. FedAvg keeps none."""
+
+    def sample(self, server_round: int, grid: Grid) -> list[int]:
+        """floor(fraction * nodes) clients (at least min_train_nodes), chosen by the selection
+        among the round's surveyed nodes, or by the release's own secret sample."""
+        return self.release.sample(self.available(server_round, grid), lambda nodes: (
+            self.selection.select(server_round, nodes, self.train_count(len(nodes)),
+                                  self.explored_clients())))
+
+    def available(self, server_round: int, grid: Grid) -> list[int]:
+        """The surveyed nodes the grid offers this round (the federation sets them: in
+        deployment the roster's connected clients), in rank order."""
+        return sorted(filter(self.clients.usable, grid.get_node_ids()), key=self.clients.rank)
+
+    def train_count(self, available: int) -> int:
+        count = max(self.min_train_nodes, math.floor(available * self.fraction_train + 1e-9))
+        return min(count, available)
+
+    def explored_clients(self) -> ExploredClients | None:
+        """What the strategy knows of the clients, for a selection that needs it (DCFL)."""
+        return None
+
     # -- what they receive ---------------------------------------------------------------
     def before_train(self, server_round: int, nodes: list[int], config: ConfigRecord,
                      grid: Grid) -> list[int]:
@@ -212,7 +244,8 @@ class DriftStrategy(FederatedEvaluation, ReplyGuard, KnownClients, FedAvg):
 
     def facts(self) -> RoundFacts:
         """What the release needs to know of this round."""
-        population = list(self.surveyed) if self.surveyed is not None else list(self.trained)
+        population = self.clients.nodes() if self.clients.surveyed is not None \
+            else list(self.trained)
         return RoundFacts(self.global_arrays, list(self.trained), self.payload(),
                           self.payload_record, population)
 
@@ -230,8 +263,8 @@ class DriftStrategy(FederatedEvaluation, ReplyGuard, KnownClients, FedAvg):
         self.payload_sum = None
         config[SERVER_ROUND] = server_round
         config[METHOD] = self.objective
-        nodes = self.plan.start(server_round, self.sample(server_round, grid), self.plan_key,
-                                self.survey_count, self.local_training)  # less the dropped
+        nodes = self.plan.start(server_round, self.sample(server_round, grid), self.clients.key,
+                                self.clients.count, self.local_training)  # less the dropped
         nodes = self.before_train(server_round, nodes, config, grid)
         if self.release.sums_payloads and self.sends_payload:  # the clients' term of the sum
             config[SUMMED_PAYLOAD] = self.payload_record
@@ -268,20 +301,22 @@ class DriftStrategy(FederatedEvaluation, ReplyGuard, KnownClients, FedAvg):
         report.silent = [n for n in self.trained if n not in answered]
         gone = self.unavailable(replies, report.silent)
         report.lost_nodes = [n for n in report.silent if n in gone]
-        report.lost = [self.client_name(n) for n in report.lost_nodes]
-        report.late = [self.client_name(n) for n in report.silent if n not in gone]
-        report.dropped = [self.client_name(n) for n in self.plan.dropped]
+        report.lost = [self.clients.name(n) for n in report.lost_nodes]
+        report.late = [self.clients.name(n) for n in report.silent if n not in gone]
+        report.dropped = [self.clients.name(n) for n in self.plan.dropped]
         self.report = report
         if secure is not None:
-            for node, reason in sorted(secure.rejected.items(), key=lambda i: self.rank(i[0])):
-                self.record_rejection(report, node, reason)
+            for node, reason in sorted(secure.rejected.items(),
+                                       key=lambda item: self.clients.rank(item[0])):
+                self.guard.refuse_reply(report, node, reason)
             updates = list(secure.updates)
         else:
             updates = self.check_replies(replies)
             if self.release.compares_clients:
-                updates = self.screen(self.peer_screen(updates, "update", lambda u: update_norm(
-                    u.arrays, self.global_arrays)))
-        updates = self.capped(updates)
+                updates = self.screen(self.guard.peer_screen(
+                    report, updates, "update",
+                    lambda u: update_norm(u.arrays, self.global_arrays)))
+        updates = self.guard.capped(updates)
         report.clients = len(updates)
         self.last_updates = updates
         return updates
@@ -294,14 +329,14 @@ class DriftStrategy(FederatedEvaluation, ReplyGuard, KnownClients, FedAvg):
         bound = max(norm_bound(self.global_arrays, self.max_update_ratio),
                     self.release.reply_bound(facts))
         updates = []
-        for msg in self.in_node_order(replies):
+        for msg in self.clients.in_order(replies):
             if msg.has_error() and msg.metadata.src_node_id == SUPERLINK_NODE_ID:
                 continue  # the SuperLink's notice that a node is lost, counted as lost
             checked = check_reply(msg, self.global_arrays, bound)
             if not isinstance(checked, str):
                 checked = self.reject(checked) or checked
             if isinstance(checked, str):
-                self.record_rejection(self.report, msg.metadata.src_node_id, checked)
+                self.guard.refuse_reply(self.report, msg.metadata.src_node_id, checked)
             else:
                 updates.append(checked)
         return updates
@@ -317,24 +352,20 @@ class DriftStrategy(FederatedEvaluation, ReplyGuard, KnownClients, FedAvg):
                 and msg.error.code == ErrorCode.NODE_UNAVAILABLE}
         return gone & set(silent)
 
-    def record_rejection(self, report: RoundReport, node: int, reason: str) -> None:
-        report.rejected.append(f"{self.describe(node)}: {reason}")
-        report.rejected_partitions.append(self.client_name(node))
-        log(WARNING, "round reply from %s rejected: %s", self.describe(node), reason)
-
     def screen(self, updates: list[ClientUpdate]) -> list[ClientUpdate]:
-        """A method's screens of its own payloads against the round's peers (``peer_screen``),
-        after the model update's; FedAvg sends none."""
+        """A method's screens of its own payloads against the round's peers
+        (``guard.peer_screen``), after the model update's; run only where the release allows
+        clients to be compared. FedAvg sends none."""
         return updates
 
     def reject(self, update: ClientUpdate) -> str | None:
         """Why a reply that passed the common checks cannot be used (None: it can)."""
-        if not self.usable(update.node_id):
+        if not self.clients.usable(update.node_id):
             return "the node was not accepted in the data survey"
         # a client trains on all it holds: fewer examples would mean fewer steps, and a
         # smaller step count (SCAFFOLD's Delta c_k, FedNova's a_k) would pass the step check
-        surveyed = self.survey_count(update.node_id)
-        if self.surveyed is not None and update.num_examples != surveyed:
+        surveyed = self.clients.count(update.node_id)
+        if self.clients.surveyed is not None and update.num_examples != surveyed:
             return (f"it claims {update.num_examples:.12g} examples; the data survey "
                     f"found {surveyed}")
         steps, expected = update.metrics[LOCAL_STEPS], self.local_steps(update)
@@ -399,6 +430,30 @@ class DriftStrategy(FederatedEvaluation, ReplyGuard, KnownClients, FedAvg):
         return to_record(self.last_aggregate), MetricRecord(
             {k: v for k, v in metrics.items() if not isinstance(v, list)})
 
+    def payload_floor(self, divisor: float) -> float:
+        """How far a state made of the round's payload sum over ``divisor`` may move by the
+        release's own doing (DP: the clipped terms and the noise); 0 otherwise."""
+        if self.payload_sum is None:
+            return 0.0
+        return self.release.sum_bound(self.facts()) / divisor
+
+    # -- federated evaluation (the ``evaluation`` part) ------------------------------------
+    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                           grid: Grid) -> Iterable[Message]:
+        nodes = self.evaluation.sample(self.available(server_round, grid))
+        if not nodes:
+            return []
+        config[SERVER_ROUND] = server_round
+        return self._construct_messages(
+            RecordDict({self.arrayrecord_key: arrays, self.configrecord_key: config}), nodes,
+            MessageType.EVALUATE)
+
+    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]
+                           ) -> MetricRecord | None:
+        metrics = self.evaluation.aggregate(replies)
+        self.report.evaluate_metrics = dict(metrics or {})
+        return metrics
+
     def stop_before(self, server_round: int) -> str | None:
         """Why the run must stop before ``server_round`` (None: it goes on): the release's
         privacy budget, privacy.target_epsilon, would be exceeded."""
@@ -416,18 +471,3 @@ class DriftStrategy(FederatedEvaluation, ReplyGuard, KnownClients, FedAvg):
     def round_images(self) -> dict[str, tuple[np.ndarray, np.ndarray]]:
         """Image sets (images, labels) to show as PNG grids, by name (DCFL's condensed sets)."""
         return {}
-
-
-class FlowerFirst:
-    """For a Flower strategy placed before DriftStrategy in the bases (so that its
-    ``configure_train``/``aggregate_train`` run and call on to DriftStrategy's): Flower's
-    constructor passes only its own settings on, so the parts are handed over after it."""
-
-    def __init__(self, *, selection: Selection | None = None,
-                 aggregation: Aggregation | None = None, objective: str = "ce",
-                 round_timeout: float = 3600.0, max_update_ratio: float = 10.0,
-                 max_peer_ratio: float = 30.0, local_training: TrainSettings | None = None,
-                 max_examples_ratio: float = math.inf, **kwargs) -> None:
-        super().__init__(**kwargs)
-        self.assemble(selection, aggregation, objective, round_timeout, max_update_ratio,
-                      max_peer_ratio, local_training, max_examples_ratio)

@@ -168,15 +168,15 @@ class DCFL(DriftStrategy):
         self.explored.append(node)
         self.classifiers.append(weight)
         self.store[node] = (images, labels)
-        self.log.explored.append(self.client_name(node))
-        self.log.new_sets[self.client_name(node)] = (images, labels)
+        self.log.explored.append(self.clients.name(node))
+        self.log.new_sets[self.clients.name(node)] = (images, labels)
         self.log.bytes_received += images.nbytes + labels.nbytes
         for key, value in figures.items():
             column = self.log.disclosed.setdefault(shipped.COLUMNS[key], {})
-            column[f"client_{self.client_name(node)}"] = value
+            column[f"client_{self.clients.name(node)}"] = value
 
     def partition_ids(self, nodes) -> list[str]:
-        return [self.client_name(n) for n in nodes]
+        return [self.clients.name(n) for n in nodes]
 
     # -- the pre-training stage ----------------------------------------------------------
     def pretrain(self, arrays: ArrayRecord, config: ConfigRecord, grid) -> ArrayRecord:
@@ -197,10 +197,10 @@ class DCFL(DriftStrategy):
                                 dst_node_id=node,
                                 message_type=f"{MessageType.QUERY}.{DCFL_CONDENSE}")
                         for node in asked]
-            replies = self.in_node_order(grid.send_and_receive(messages,
+            replies = self.clients.in_order(grid.send_and_receive(messages,
                                                                timeout=self.round_timeout))
             checked = [check_pretrain_reply(r, self.image_shape, head, self.ipc,
-                                            self.histograms.get(r.metadata.src_node_id))
+                                            self.clients.histograms.get(r.metadata.src_node_id))
                        for r in replies]
             sets = [k for k, c in enumerate(checked) if not isinstance(c, str)]
             for k, reason in outsized([checked[k][1] for k in sets], self.store,
@@ -209,7 +209,7 @@ class DCFL(DriftStrategy):
             for reply, result in zip(replies, checked):
                 if isinstance(result, str):
                     log(WARNING, "DCFL pre-training reply from %s rejected: %s",
-                        self.describe(reply.metadata.src_node_id), result)
+                        self.clients.describe(reply.metadata.src_node_id), result)
                 else:
                     self.explore(reply.metadata.src_node_id, *result)
             print(f"DCFL pre-training: request {request}/{self.pretrain_requests}, asked "
@@ -226,9 +226,9 @@ class DCFL(DriftStrategy):
         print(f"DCFL pre-training: the server trained the initial model on {len(labels)} "
               f"condensed images for {self.pretrain_settings.epochs} epochs", flush=True)
         trained = {k: v.detach().cpu().numpy() for k, v in model.state_dict().items()}
-        refused = self.state_problem(trained, to_numpy(arrays))
+        refused = self.guard.state_problem(trained, to_numpy(arrays))
         if refused:  # checked like an aggregate; round 1 starts from w^0
-            self.refuse_state(0, "DCFL's pre-trained model", refused)
+            self.guard.refuse_state(self.report, 0, "DCFL's pre-trained model", refused)
             self.early = [f"DCFL's pre-trained model: {refused}"]
             return arrays
         self.pretrained = trained
@@ -250,8 +250,8 @@ class DCFL(DriftStrategy):
         config[METHOD] = self.objective
         if self.proximal_mu is not None:
             config[PROXIMAL_MU] = self.proximal_mu
-        nodes = self.plan.start(server_round, self.sample(server_round, grid), self.plan_key,
-                                self.survey_count, self.local_training)  # less the dropped
+        nodes = self.plan.start(server_round, self.sample(server_round, grid), self.clients.key,
+                                self.clients.count, self.local_training)  # less the dropped
         self.log.selected = self.partition_ids(nodes)
         self.log.exploited = self.partition_ids(self.selection.last_exploited)
         self.asked = {n for n in nodes if n not in self.store}
@@ -281,8 +281,8 @@ class DCFL(DriftStrategy):
     def announce(self) -> None:
         """What will leave the clients, said before any of it does."""
         shipped.announce(self.condensing, [
-            (self.client_name(node), histogram) for node, histogram
-            in sorted(self.histograms.items(), key=lambda item: self.rank(item[0]))])
+            (self.clients.name(node), histogram) for node, histogram
+            in sorted(self.clients.histograms.items(), key=lambda item: self.clients.rank(item[0]))])
 
     def infer_shape(self, config: ConfigRecord) -> list[int]:
         return DatasetMeta.from_json(str(config[DATASET_META])).shape
@@ -315,7 +315,7 @@ class DCFL(DriftStrategy):
         if reason or update.node_id not in self.asked:
             return reason
         checked = check_condensed(update.message, self.image_shape, self.head_shape()[0],
-                                  self.ipc, self.histograms.get(update.node_id))
+                                  self.ipc, self.clients.histograms.get(update.node_id))
         if isinstance(checked, str):
             return checked
         self.checked_sets[update.node_id] = checked  # kept for accept, not read twice
@@ -346,7 +346,7 @@ class DCFL(DriftStrategy):
         bad = outsized([self.checked_sets[u.node_id][0] for u in new], self.store,
                        self.max_peer_ratio)
         for k, reason in bad.items():
-            self.record_rejection(self.report, new[k].node_id, reason)
+            self.guard.refuse_reply(self.report, new[k].node_id, reason)
         dropped = {new[k].node_id for k in bad}
         return [u for u in updates if u.node_id not in dropped]
 
@@ -390,7 +390,7 @@ class DCFL(DriftStrategy):
 
     def round_arrays(self) -> dict[str, np.ndarray]:
         """The CKA matrix over all surveyed clients in partition order (NaN: not explored)."""
-        order = {node: i for i, node in enumerate(sorted(self.node_rank, key=self.rank))}
+        order = {node: i for i, node in enumerate(sorted(self.clients.node_rank, key=self.clients.rank))}
         full = np.full((len(order), len(order)), np.nan)
         where = [order[node] for node in self.explored]
         full[np.ix_(where, where)] = self.matrix

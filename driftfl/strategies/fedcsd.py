@@ -138,28 +138,28 @@ class FedCSD(EMATeacher):
         if not (self.one_exchange and self.release.sums_payloads):
             return None
         node = update.node_id
-        checked = check_prototypes(update.message, self.num_classes, self.survey_count(node))
+        checked = check_prototypes(update.message, self.num_classes, self.clients.count(node))
         if isinstance(checked, str):
             return checked
-        return survey_problem(*checked, self.histograms.get(node))
+        return survey_problem(*checked, self.clients.histograms.get(node))
 
     def gather(self, replies, server_round: int) -> list[int]:
         """The nodes whose prototypes are usable; P_G from them, unless it is refused."""
         nodes, usable = [], []
-        for reply in self.in_node_order(replies):
+        for reply in self.clients.in_order(replies):
             node = reply.metadata.src_node_id
-            checked = check_prototypes(reply, self.num_classes, self.survey_count(node))
+            checked = check_prototypes(reply, self.num_classes, self.clients.count(node))
             if not isinstance(checked, str):
-                checked = survey_problem(*checked, self.histograms.get(node)) or checked
+                checked = survey_problem(*checked, self.clients.histograms.get(node)) or checked
             if isinstance(checked, str):
-                log(WARNING, "prototype reply from %s rejected: %s", self.describe(node), checked)
+                log(WARNING, "prototype reply from %s rejected: %s", self.clients.describe(node), checked)
             else:
                 nodes.append(node)
                 usable.append(checked)
         bad = outliers(usable, self.prototypes, self.present, self.max_peer_ratio,
                        self.max_update_ratio)
         for k, reason in bad.items():
-            log(WARNING, "prototype reply from %s rejected: %s", self.describe(nodes[k]), reason)
+            log(WARNING, "prototype reply from %s rejected: %s", self.clients.describe(nodes[k]), reason)
         usable = [p for k, p in enumerate(usable) if k not in bad]
         if self.aggregation.robust and usable:
             new, present = combined(self.prototype_rule(), usable, self.num_classes,
@@ -169,9 +169,9 @@ class FedCSD(EMATeacher):
             present = np.any([counts > 0 for _, counts in usable], axis=0) if usable \
                 else np.zeros(self.num_classes, dtype=bool)
         rows = common_rows(new, present, self.prototypes, self.present)
-        problem = rows and self.state_problem(*rows)
+        problem = rows and self.guard.state_problem(*rows)
         if problem:
-            self.refuse_state(server_round, "FedCSD's prototypes", problem)
+            self.guard.refuse_state(self.report, server_round, "FedCSD's prototypes", problem)
         else:
             self.prototypes, self.present = new, present
         return [n for k, n in enumerate(nodes) if k not in bad]
@@ -208,9 +208,9 @@ class FedCSD(EMATeacher):
         if self.one_exchange and self.payload_sum is not None:  # the release's sum
             new = summed(self, self.num_classes)
             rows = common_rows(*new, self.prototypes, self.present)
-            problem = rows and self.state_problem(*rows, floor=noise_floor(self, rows[1]))
+            problem = rows and self.guard.state_problem(*rows, floor=noise_floor(self, rows[1]))
             if problem:
-                self.refuse_state(server_round, "FedCSD's prototypes", problem)
+                self.guard.refuse_state(self.report, server_round, "FedCSD's prototypes", problem)
             else:
                 self.prototypes, self.present = new
         elif self.one_exchange:  # the P_k of the accepted train replies make the next P_G

@@ -127,13 +127,13 @@ class FedCurv(DriftStrategy):
         # F_k is quadratic in the gradients: honest non-IID clients' norms spread as the
         # square of their updates' (13x seen among three CNN clients), hence max_peer_ratio^2
         size = lambda u: model_norm(self.checked[u.node_id])
-        updates = self.peer_screen(updates, FISHER, size, power=2)
+        updates = self.guard.peer_screen(self.report, updates, FISHER, size, power=2)
         kept = {**self.norms, **{u.node_id: size(u) for u in updates}}
         median = guard.lower_median(list(kept.values()))
         over = [u for u in updates if not kept[u.node_id] <= self.max_peer_ratio ** 2 * median]
         for u in over:
-            self.record_rejection(self.report, u.node_id, (
-                f"its {FISHER}'s norm {kept[u.node_id]:.3g} is over {self.ratio_text(2)} "
+            self.guard.refuse_reply(self.report, u.node_id, (
+                f"its {FISHER}'s norm {kept[u.node_id]:.3g} is over {self.guard.ratio_text(2)} "
                 f"x the kept nodes' median {median:.3g}"))
         return [u for u in updates if u not in over]
 
@@ -180,10 +180,10 @@ class FedCurv(DriftStrategy):
         if self.fisher:
             flat = lambda totals: {f"{part}.{k}": pair[i] for k, pair in totals.items()
                                    for i, part in enumerate(("penalty", "anchor"))}
-            problem = self.state_problem(flat(sums(fisher, weighted, self.param_keys)),
+            problem = self.guard.state_problem(flat(sums(fisher, weighted, self.param_keys)),
                                          flat(sums(self.fisher, self.weighted, self.param_keys)))
         if problem:
-            self.refuse_state(server_round, "FedCurv's Fisher sums", problem)
+            self.guard.refuse_state(self.report, server_round, "FedCurv's Fisher sums", problem)
         else:
             self.fisher, self.weighted = fisher, weighted
             self.norms.update({u.node_id: model_norm(self.checked[u.node_id])
@@ -200,10 +200,10 @@ class FedCurv(DriftStrategy):
         new_g = {k: old_g[k] + self.payload_sum[f"G.{k}"] for k in self.param_keys}
         flat = lambda f, g: {**{f"F.{k}": v for k, v in f.items()},
                              **{f"G.{k}": v for k, v in g.items()}}
-        problem = self.state_problem(flat(new_f, new_g), flat(old_f, old_g) if self.totals_f
+        problem = self.guard.state_problem(flat(new_f, new_g), flat(old_f, old_g) if self.totals_f
                                      else None, self.payload_floor(1))
         if problem:
-            self.refuse_state(server_round, "FedCurv's Fisher sums", problem)
+            self.guard.refuse_state(self.report, server_round, "FedCurv's Fisher sums", problem)
             return
         self.totals_f, self.totals_g = new_f, new_g
         self.included.update({u.node_id: server_round for u in self.last_updates})

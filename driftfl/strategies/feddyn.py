@@ -77,9 +77,9 @@ class FedDyn(DriftStrategy):
         else:
             h = next_h(old, [u.arrays for u in self.last_updates], self.global_arrays,
                        self.alpha, self.num_clients)
-        problem = self.state_problem(h, old)
+        problem = self.guard.state_problem(h, old)
         if problem:  # the corrected model would carry it
-            self.refuse_state(server_round, "FedDyn's h", problem)
+            self.guard.refuse_state(self.report, server_round, "FedDyn's h", problem)
             return None, None
         corrected = corrected_model(self.last_aggregate, h, self.alpha)
         refused = self.refuse_aggregate(corrected)

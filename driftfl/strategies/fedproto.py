@@ -113,9 +113,9 @@ class FedProto(DriftStrategy):
 
     def prototypes_of(self, update: ClientUpdate) -> tuple[np.ndarray, np.ndarray] | str:
         checked = check_feature_prototypes(update.message, self.num_classes, self.feature_dim,
-                                           self.survey_count(update.node_id))
+                                           self.clients.count(update.node_id))
         return checked if isinstance(checked, str) else (
-            survey_problem(*checked, self.histograms.get(update.node_id)) or checked)
+            survey_problem(*checked, self.clients.histograms.get(update.node_id)) or checked)
 
     def check_payload(self, update: ClientUpdate) -> str | None:
         checked = self.prototypes_of(update)
@@ -126,7 +126,7 @@ class FedProto(DriftStrategy):
         bad = outliers([self.prototypes_of(u) for u in updates], self.prototypes, self.present,
                        self.max_peer_ratio, self.max_update_ratio)
         for k, reason in bad.items():
-            self.record_rejection(self.report, updates[k].node_id, reason)
+            self.guard.refuse_reply(self.report, updates[k].node_id, reason)
         return [u for k, u in enumerate(updates) if k not in bad]
 
     def aggregate_train(self, server_round, replies):
@@ -142,9 +142,9 @@ class FedProto(DriftStrategy):
                    weighted_prototypes(replies, self.num_classes, self.feature_dim,
                                        self.by_counts))
         rows = common_rows(*new, self.prototypes, self.present)
-        problem = rows and self.state_problem(*rows, floor=noise_floor(self, rows[1]))
+        problem = rows and self.guard.state_problem(*rows, floor=noise_floor(self, rows[1]))
         if problem:
-            self.refuse_state(server_round, "FedProto's prototypes", problem)
+            self.guard.refuse_state(self.report, server_round, "FedProto's prototypes", problem)
         else:
             self.prototypes, self.present = new
         return arrays, metrics

@@ -13,6 +13,9 @@ Delta c, FedCurv's Fisher, prototypes, DCFL's pre-trained model):
   refusal is logged and recorded like a rejected reply (``RoundReport.refused_state``).
 - **Weight.** In deployment, where nodes claim their example counts, a reply weighs as at most
   ``max_examples_ratio`` times the median of the data survey's counts (``ReplyGuard.capped``).
+
+Screens against peers run only where the round's release allows clients to be compared (never
+under differential privacy: release/).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from flwr.supercore import log
 from driftfl.common.protocol import NUM_EXAMPLES
 
 from .aggregation import ClientUpdate, model_norm, update_norm
+from .clients import KnownClients
 
 
 def lower_median(values: Sequence[float]) -> float:
@@ -61,11 +65,23 @@ def state_problem(new: Mapping[str, np.ndarray], old: Mapping[str, np.ndarray] |
 
 
 class ReplyGuard:
-    """These rules as a strategy applies them: DriftStrategy's (it supplies ``max_peer_ratio``,
-    ``max_update_ratio``, ``max_examples_ratio``, ``surveyed``, ``report``, ``describe`` and
-    ``record_rejection``)."""
+    """These rules as a strategy applies them: a part of every strategy (``DriftStrategy.guard``),
+    with the bounds the experiment sets and the ``clients`` whose replies it names and caps."""
 
-    def peer_screen(self, updates: list[ClientUpdate], what: str,
+    def __init__(self, *, max_peer_ratio: float, max_update_ratio: float,
+                 max_examples_ratio: float, clients: KnownClients) -> None:
+        self.max_peer_ratio = max_peer_ratio
+        self.max_update_ratio = max_update_ratio
+        self.max_examples_ratio = max_examples_ratio
+        self.clients = clients
+
+    def refuse_reply(self, report, node: int, reason: str) -> None:
+        """Log and record (in the round's ``report``) that a node's reply is not used."""
+        report.rejected.append(f"{self.clients.describe(node)}: {reason}")
+        report.rejected_partitions.append(self.clients.name(node))
+        log(WARNING, "round reply from %s rejected: %s", self.clients.describe(node), reason)
+
+    def peer_screen(self, report, updates: list[ClientUpdate], what: str,
                     size: Callable[[ClientUpdate], float], power: int = 1
                     ) -> list[ClientUpdate]:
         """The updates whose ``what`` (its norm, ``size``) is within ``max_peer_ratio`` (to the
@@ -75,8 +91,8 @@ class ReplyGuard:
         ratio = self.max_peer_ratio ** power
         outliers, bound = peer_outliers(sizes, ratio)
         for i in outliers:
-            self.record_rejection(
-                self.report, updates[i].node_id,
+            self.refuse_reply(
+                report, updates[i].node_id,
                 f"its {what}'s norm {sizes[i]:.3g} is over {self.ratio_text(power)}"
                 f" x the round's median {bound / ratio:.3g}")
         return [u for i, u in enumerate(updates) if i not in outliers]
@@ -84,30 +100,24 @@ class ReplyGuard:
     def ratio_text(self, power: int = 1) -> str:
         return f"max_peer_ratio={self.max_peer_ratio:g}" + (f"^{power}" if power != 1 else "")
 
-    def refuse_state(self, server_round: int, what: str, reason: str) -> None:
+    def refuse_state(self, report, server_round: int, what: str, reason: str) -> None:
         """Log and record that ``what`` (a piece of strategy state) keeps its old value."""
         log(WARNING, "round %d: the update of %s refused: %s; it stays as it was", server_round,
             what, reason)
-        self.report.refused_state.append(f"{what}: {reason}")
+        report.refused_state.append(f"{what}: {reason}")
 
     def state_problem(self, new: dict[str, np.ndarray],
                       old: dict[str, np.ndarray] | None, floor: float = 0.0) -> str | None:
         """Why a new strategy state must not replace ``old`` (guard.state_problem)."""
         return state_problem(new, old, self.max_update_ratio, floor)
 
-    def payload_floor(self, divisor: float) -> float:
-        """How far a state made of the round's payload sum over ``divisor`` may move by the
-        release's own doing (DP: the clipped terms and the noise); 0 otherwise."""
-        if self.payload_sum is None:
-            return 0.0
-        return self.release.sum_bound(self.facts()) / divisor
-
     def weight_cap(self) -> float:
         """The most examples a reply weighs as: max_examples_ratio x the median of the data
         survey's counts (inf before a survey or without a cap)."""
-        if self.surveyed is None or not self.surveyed or math.isinf(self.max_examples_ratio):
+        surveyed = self.clients.surveyed
+        if not surveyed or math.isinf(self.max_examples_ratio):
             return math.inf
-        return self.max_examples_ratio * float(np.median(list(self.surveyed.values())))
+        return self.max_examples_ratio * float(np.median(list(surveyed.values())))
 
     def capped(self, updates: list[ClientUpdate]) -> list[ClientUpdate]:
         """The updates with num-examples at most ``weight_cap``: every weight (FedAvg's,
@@ -117,7 +127,7 @@ class ReplyGuard:
             if update.num_examples > cap:
                 log(WARNING, "round reply from %s weighs as %.12g examples, not its %.12g "
                     "(max_examples_ratio=%g x the survey's median count)",
-                    self.describe(update.node_id), cap, update.num_examples,
+                    self.clients.describe(update.node_id), cap, update.num_examples,
                     self.max_examples_ratio)
                 update = replace(update, metrics={**update.metrics, NUM_EXAMPLES: cap})
             out.append(update)

@@ -112,7 +112,7 @@ def summed(strategy, num_classes: int) -> tuple[np.ndarray, np.ndarray]:
     the release names (``strategy.released``)."""
     released = strategy.released
     return from_sum(strategy.payload_sum["prototypes"], released.holder_share * holders(
-        strategy.histograms, released.holders, num_classes))
+        strategy.clients.histograms, released.holders, num_classes))
 
 
 def noise_floor(strategy, old: dict) -> float:

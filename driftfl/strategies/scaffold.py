@@ -141,7 +141,7 @@ class Scaffold(DriftStrategy):
         return {k: self.global_arrays[k].shape for k in sorted(self.param_keys)}
 
     def screen(self, updates):
-        return self.peer_screen(updates, CONTROL_DELTA,
+        return self.guard.peer_screen(self.report, updates, CONTROL_DELTA,
                                 lambda u: model_norm(self.deltas[u.node_id]))
 
     def aggregate_train(self, server_round, replies):
@@ -160,10 +160,10 @@ class Scaffold(DriftStrategy):
                            for k, c in self.control.items()}
             else:
                 control = update_control(self.control, deltas, self.num_clients)
-            problem = self.state_problem(control, self.control, self.payload_floor(
+            problem = self.guard.state_problem(control, self.control, self.payload_floor(
                 self.num_clients))
             if problem:
-                self.refuse_state(server_round, "SCAFFOLD's c", problem)
+                self.guard.refuse_state(self.report, server_round, "SCAFFOLD's c", problem)
             else:
                 self.control = control
         return arrays, metrics
