@@ -37,7 +37,7 @@ from driftfl.common.datasets import load_dataset, to_tensors
 from driftfl.common.models import build_model
 from driftfl.common.partition import compute_partition
 from driftfl.common.training import CrossEntropy, TrainSettings, train_locally
-from driftfl.strategies.cka import exploit_probabilities, linear_cka
+from driftfl.dcfl.cka import exploit_probabilities, linear_cka
 
 
 def debiased_cka(x: np.ndarray, y: np.ndarray) -> float:

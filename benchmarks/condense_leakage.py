@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from driftfl.client.condense import CondenseConfig, condense  # noqa: E402
+from driftfl.dcfl.condense import CondenseConfig, condense
 from driftfl.common import leakage  # noqa: E402
 from driftfl.common.augment import DEFAULT_TRANSFORMS, SiameseAugment, parse_transforms  # noqa: E402,E501
 from driftfl.common.models import mlp  # noqa: E402

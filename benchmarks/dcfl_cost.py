@@ -37,7 +37,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _runs import driftfl_rounds  # noqa: E402
 
-from driftfl.client.condense import CondenseConfig, condense  # noqa: E402
+from driftfl.dcfl.condense import CondenseConfig, condense
 from driftfl.common.augment import (DEFAULT_TRANSFORMS, SiameseAugment,  # noqa: E402
                                     parse_transforms)
 from driftfl.common.datasets import load_dataset, to_tensors  # noqa: E402

@@ -28,11 +28,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from dcfl_cost import client_data  # noqa: E402
 
-from driftfl.client.condense import (CondenseConfig, condense, noise_clip,  # noqa: E402
-                                     public_networks)
+from driftfl.dcfl.condense import CondenseConfig, condense, noise_clip, public_networks
 from driftfl.common import accounting  # noqa: E402
 from driftfl.common.augment import DEFAULT_TRANSFORMS, SiameseAugment, parse_transforms  # noqa: E402,E501
-from driftfl.common.condensation import condensation_settings, privacy_plan  # noqa: E402
+from driftfl.dcfl.settings import condensation_settings, privacy_plan
 from driftfl.common.models import build_model, mlp  # noqa: E402
 
 

@@ -22,8 +22,8 @@ from driftfl.common.config import compose
 from driftfl.common.models import build_model
 from driftfl.common.privacy import PrivacySettings
 from driftfl.methods import check_experiment
-from driftfl.strategies.aggregation import Aggregation, ClientUpdate
-from driftfl.strategies.release import CentralRelease, RoundFacts
+from driftfl.strategies.parts.aggregation import Aggregation, ClientUpdate
+from driftfl.strategies.parts.release import CentralRelease, RoundFacts
 
 
 def timed(work, repeats: int = 5) -> float:

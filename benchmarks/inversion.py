@@ -1,38 +1,49 @@
-"""What one client's model update reveals: a gradient-inversion attack, without and with DP.
+"""What one client's model update reveals of its images, in each of driftfl's privacy modes.
 
-One client holds a batch of B real Fashion-MNIST images (B = 1 and 8) and takes one local SGD
-step (lr 0.05, driftfl's default; the first step of SGD with momentum is the same step) from a
-seeded, randomly initialised model; the server sees its update delta = w_after - w_before =
--lr * gradient. Under DP the client first clips delta to L2 norm C = 1 (driftfl's default
-privacy.clip) and adds its share of the noise under privacy=distributed with m = 10 clients,
-N(0, (sigma C)^2 / m) on every coordinate, with driftfl's own clip_update and add_noise.
+Victims: driftfl's own ``mlp``, ``lenet5`` and ``cnn``, each trained first (centrally, 2 epochs
+on 20,000 Fashion-MNIST training images, seed 0; cached under --checkpoints). A client holds B
+other real training images and runs driftfl's own local training on them (train_locally, one
+epoch, conf/config.yaml's lr 0.05, momentum 0.9 and batch 32, or batch 8 where a setting says
+so); its update is w_after - w_before. Settings: mlp B=1, B=8 (one step each) and B=32 in
+batches of 8 (4 steps); lenet5 and cnn B=1 (one step of one image).
 
-The victims: driftfl's lenet5 (ReLU, max-pooling) at PyTorch's default init, and the same
-network with Sigmoid for every ReLU and DLG's init, U(-0.5, 0.5) for every weight: DLG's nets
-were smooth, and a ReLU network's gradient is piecewise in the input, which the attack's
-optimiser finds harder.
+What the attacker sees of the target client (sigma = 1, C = 1, m = 10 clients a round,
+m_min = 8 survivors; driftfl's clip_update and add_noise, the noise from OS entropy):
 
-The attack is "inverting gradients" (Geiping et al., 2020): optimise dummy images with Adam
-(lr 0.1, cut tenfold at 3/8, 5/8 and 7/8 of the iterations) so that the cosine distance between
-their gradient (all layers as one vector) and the observed update is smallest, plus a weighted
-total-variation prior, pixels boxed to [0, 1]. Cosine is scale invariant, so clipping costs
-the attacker nothing and only the noise is in its way. Labels: for B = 1 iDLG's trick (the one row
-of the head's update whose sum is positive: softmax minus one-hot is negative only at the
-label, and the features feeding the head are non-negative); for B = 8 the attacker is given the
-labels (the strongest attacker). Quality per image on [0, 1] pixels: PSNR and SSIM (11x11
-Gaussian window, sigma 1.5), each reconstruction matched to one real image of the batch by
-Hungarian matching on the MSE.
+- ``none``: the raw update;
+- ``central-server``: the clipped update (privacy=central: the trusted server clips it itself);
+- ``central-published``: the round's published mean, (sum of the m clipped updates) / m
+  + N(0, (sigma C / m)^2) per coordinate; the other m - 1 are other real clients' updates;
+- ``distributed-share``: one client's reply without SecAgg+, its clipped update
+  + N(0, sigma^2 C^2 / m_min);
+- ``secagg-sum``: with SecAgg+, only the sum of the m clients' noisy shares.
 
-    PYTHONPATH=. .venv/bin/python benchmarks/inversion.py [--out DIR] [--iterations N] [--seed S]
-    # and --models, --batches, --sigmas (e.g. none,0.001), --tv: comma lists, see --help
+Attacks. mlp: the exact first-layer attack. For the first linear layer z = W x + b every step
+adds -lr * delta_i * x to row i of W and -lr * delta_i to b_i, so dW_i / db_i is x itself when
+one image alone moved row i; every row with db_i != 0 gives a candidate, and each real image is
+scored against its closest candidate. lenet5 and cnn: "inverting gradients" (Geiping et al.,
+2020): dummy images minimise 1 - cos(their gradient, the observed update) + TV weight * total
+variation, by Adam on the signed gradient (lr 0.1, cut tenfold at 3/8, 5/8, 7/8), pixels boxed
+to [0, 1]; restarts keep the dummy of lowest loss; the label is iDLG's (the row of the head's
+update with the largest sum). Cosine ignores scale: clipping costs this attack nothing.
 
-The default command (12 attacks of 2,000 iterations) takes about 5 minutes on 2 busy cores,
-one torch thread; docs/results.md has its table.
+Scores: per real image, PSNR and SSIM (11x11 Gaussian window, sigma 1.5) of its reconstruction
+on [0, 1] pixels; the floor is no attack at all, the mean training image. Each (model, setting,
+view, seed) scores --images target images; the table is the mean over seeds.
+
+    PYTHONPATH=. .venv/bin/python benchmarks/inversion.py --out docs/results/inversion \\
+        --checkpoints /tmp/driftfl-inversion-checkpoints
+    # --models, --views, --seeds: comma lists; --iterations 3000 or lenet5=3000,cnn=600
+
+writes inversion.csv (the table), a PNG per (model, setting, view) of seed 0's first images
+(real row above reconstruction row), and prints progress lines and the table.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
+import csv
 import math
 import sys
 import time
@@ -42,12 +53,32 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.func import functional_call, grad, vmap
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
 from driftfl.common.models import build_model  # noqa: E402
-from driftfl.common.privacy import PrivacySettings, add_noise, clip_update  # noqa: E402
+from driftfl.common.privacy import add_noise, clip_update  # noqa: E402
+from driftfl.common.training import CrossEntropy, TrainSettings, train_locally  # noqa: E402
 
-LR, CLIENTS = 0.05, 10  # driftfl's client lr; clients per round whose noise shares add up
+SIGMA, CLIP, CLIENTS, SURVIVORS = 1.0, 1.0, 10, 8  # sigma, C, m, m_min
+VIEWS = ("none", "central-server", "central-published", "distributed-share", "secagg-sum")
+# (images a client holds, its batch size) per model; None: driftfl's default batch
+SETTINGS = {"mlp": [(1, None), (8, None), (32, 8)], "lenet5": [(1, None)], "cnn": [(1, None)]}
+# the optimisation attack per conv net: its iterations (the cnn's cost 40 times lenet5's), its
+# TV weight, and how many targets one vectorised descent takes (vmap gains little on the cnn)
+ATTACK = {"lenet5": {"iterations": 3000, "tv_weight": 0.1, "chunk": 32},
+          "cnn": {"iterations": 300, "tv_weight": 0.01, "chunk": 4}}
+SHOWN = 8  # images per PNG
+PRETRAIN_IMAGES, PRETRAIN_EPOCHS = 20_000, 2
+
+
+def local_defaults() -> dict:
+    """lr, momentum, weight decay and batch size of conf/config.yaml: a client's training."""
+    from omegaconf import OmegaConf
+
+    conf = OmegaConf.load(REPO / "conf" / "config.yaml")
+    return {k: conf[k] for k in ("lr", "momentum", "weight_decay", "batch_size")}
 
 
 # --- quality -----------------------------------------------------------------------------------
@@ -93,179 +124,401 @@ def match(recon: torch.Tensor, real: torch.Tensor) -> np.ndarray:
     return cols[np.argsort(rows)]
 
 
-# --- the victim and the attack -----------------------------------------------------------------
-
-def victim_model(name: str, seed: int) -> nn.Module:
-    """driftfl's lenet5, or the same with Sigmoid for every ReLU (smooth: DLG's original nets)."""
-    torch.manual_seed(seed)
-    model = build_model({"name": "lenet5"}, (1, 28, 28), 10)
-    if name == "lenet5-sigmoid":
-        for parent in model.modules():
-            for key, child in parent.named_children():
-                if isinstance(child, nn.ReLU):
-                    setattr(parent, key, nn.Sigmoid())
-        for param in model.parameters():  # DLG's init: the sigmoids do not sit at 0.5
-            nn.init.uniform_(param, -0.5, 0.5)
-    return model.eval()
+def closest(candidates: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
+    """For each real image, the candidate of least MSE (candidates may be many more)."""
+    cost = ((real.flatten(1)[:, None] - candidates.flatten(1)[None]) ** 2).mean(2)
+    return candidates[cost.argmin(1)]
 
 
-def gradient(model: nn.Module, x: torch.Tensor, y: torch.Tensor, graph: bool = False):
-    loss = F.cross_entropy(model(x), y)
-    return torch.autograd.grad(loss, list(model.parameters()), create_graph=graph)
+# --- victims and their clients -----------------------------------------------------------------
+
+class Data:
+    """Fashion-MNIST, normalised: the victims' pre-training images, and the clients' pool."""
+
+    def __init__(self):
+        from driftfl.common.datasets import load_dataset, to_tensors
+
+        data = load_dataset({"name": "fmnist"})
+        self.mean, self.std = float(data.mean[0]), float(data.std[0])
+        self.x, self.y = to_tensors(data.train_x, data.train_y, data.mean, data.std)
+        order = np.random.default_rng(0).permutation(len(self.y))
+        self.pretrain, self.pool = order[:PRETRAIN_IMAGES], order[PRETRAIN_IMAGES:]
+        self.test_x, self.test_y = to_tensors(data.test_x[:2000], data.test_y[:2000],
+                                              data.mean, data.std)
+
+    def pixels(self, x: torch.Tensor) -> torch.Tensor:
+        """Normalised images back to [0, 1]."""
+        return (x * self.std + self.mean).clamp(0, 1)
+
+    @property
+    def box(self) -> tuple[float, float]:
+        """The pixel box [0, 1], normalised."""
+        return -self.mean / self.std, (1 - self.mean) / self.std
+
+    def mean_image(self) -> torch.Tensor:
+        return self.pixels(self.x[self.pool]).mean(0, keepdim=True)
 
 
-def observed_update(model, x, y, sigma: float | None, rng: np.random.Generator | None):
-    """What the server sees, -lr * gradient, clipped and noised as driftfl's client does under
-    privacy=distributed; and the update's norm and the noise's std per coordinate."""
-    update = [(-LR * g).numpy() for g in gradient(model, x, y)]
-    norm = float(np.sqrt(sum((u.astype(np.float64) ** 2).sum() for u in update)))
-    if sigma is None:
-        return update, norm, 0.0
-    privacy = PrivacySettings(name="distributed", noise_multiplier=sigma)
-    std = privacy.share_noise_std(CLIENTS)
-    clipped, _ = clip_update(update, privacy.clip)
-    return add_noise(clipped, std, rng), norm, std
+def trained_model(name: str, data: Data, folder: Path) -> nn.Module:
+    """driftfl's ``name``, trained centrally and cached in ``folder``: attacks on a network at
+    its random init say little about one in use."""
+    torch.manual_seed(0)
+    model = build_model({"name": name}, (1, 28, 28), 10)
+    path = folder / f"{name}.pt"
+    if path.exists():
+        model.load_state_dict(torch.load(path))
+    else:
+        conf = local_defaults()
+        settings = TrainSettings(PRETRAIN_EPOCHS, 64, conf["lr"], conf["momentum"], 0.0)
+        train_locally(model, data.x[data.pretrain], data.y[data.pretrain], settings,
+                      CrossEntropy(), torch.Generator().manual_seed(0))
+        folder.mkdir(parents=True, exist_ok=True)
+        torch.save(model.state_dict(), path)
+    model.eval()
+    with torch.no_grad():
+        accuracy = (model(data.test_x).argmax(1) == data.test_y).float().mean().item()
+    print(f"{name}: trained, test accuracy {accuracy:.1%} on 2,000 test images", flush=True)
+    return model
 
 
-def idlg_label(update: list[np.ndarray], model: nn.Module) -> int:
-    """The row of the head's weight update with the largest sum (the gradient's is negative)."""
+def client_update(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch: int | None,
+                  seed: int) -> list[np.ndarray]:
+    """A client's reply before any DP: w_after - w_before after one epoch of driftfl's local
+    training on (x, y), per parameter in the model's order."""
+    conf = local_defaults()
+    settings = TrainSettings(1, batch or conf["batch_size"], conf["lr"], conf["momentum"],
+                             conf["weight_decay"])
+    local = copy.deepcopy(model)
+    train_locally(local, x, y, settings, CrossEntropy(), torch.Generator().manual_seed(seed))
+    return [(a.detach() - b.detach()).numpy() for a, b in zip(local.parameters(),
+                                                              model.parameters())]
+
+
+# --- what each privacy mode lets the attacker see ----------------------------------------------
+
+def noise_std(view: str) -> float:
+    """The noise's standard deviation per coordinate of each view: sigma C on the sum of the
+    clipped updates (central: the server's; distributed: m_min shares of sigma C / sqrt(m_min),
+    so the m shares of a round add up to a little more)."""
+    share = SIGMA * CLIP / math.sqrt(SURVIVORS)
+    return {"none": 0.0, "central-server": 0.0, "central-published": SIGMA * CLIP / CLIENTS,
+            "distributed-share": share, "secagg-sum": share * math.sqrt(CLIENTS)}[view]
+
+
+def observe(view: str, target: list[np.ndarray], others: list[list[np.ndarray]],
+            rng: np.random.Generator) -> list[np.ndarray]:
+    """What ``view`` shows of the target's update; ``others``: the round's m - 1 other
+    clients' raw updates."""
+    def clipped(u):
+        return clip_update(u, CLIP)[0]
+
+    def share(u):  # a client's reply under privacy=distributed
+        return add_noise(clipped(u), noise_std("distributed-share"), rng)
+
+    def total(updates):
+        return [np.sum(arrays, axis=0) for arrays in zip(*updates)]
+
+    if view == "none":
+        return target
+    if view == "central-server":
+        return clipped(target)
+    if view == "distributed-share":
+        return share(target)
+    if view == "secagg-sum":
+        return total([share(u) for u in [target, *others]])
+    if view == "central-published":
+        mean = [a / CLIENTS for a in total([clipped(u) for u in [target, *others]])]
+        return add_noise(mean, noise_std(view), rng)
+    raise ValueError(f"unknown view {view!r}; known: {', '.join(VIEWS)}")
+
+
+# --- the attacks -------------------------------------------------------------------------------
+
+def first_layer_candidates(model: nn.Module, update: list[np.ndarray]) -> torch.Tensor:
+    """dW_i / db_i of the first linear layer, one per row with db_i != 0: (K, 1, 28, 28)
+    normalised images (the mean pixel where no row moved)."""
     names = [n for n, _ in model.named_parameters()]
-    head = update[names.index("head.weight")]
-    return int(head.sum(1).argmax())
+    layer = next(n for n, m in model.named_modules() if isinstance(m, nn.Linear))
+    dw = torch.from_numpy(update[names.index(f"{layer}.weight")]).double()
+    db = torch.from_numpy(update[names.index(f"{layer}.bias")]).double()
+    rows = db != 0
+    if not rows.any():  # a client sure of its images moved nothing: the mean pixel is all
+        return torch.zeros(1, 1, 28, 28)
+    return (dw[rows] / db[rows, None]).float().view(-1, 1, 28, 28)
 
 
-def tv(x: torch.Tensor) -> torch.Tensor:
-    return (x[..., 1:, :] - x[..., :-1, :]).abs().mean() + (x[..., 1:] - x[..., :-1]).abs().mean()
+def idlg_label(model: nn.Module, update: list[np.ndarray]) -> int:
+    """The row of the head's weight update with the largest sum: -lr (softmax - one-hot) h^T is
+    positive only in the label's row, h (post-ReLU features) being non-negative."""
+    names = [n for n, _ in model.named_parameters()]
+    return int(update[names.index("head.weight")].sum(1).argmax())
 
 
-def invert(model, update, labels, shape, lo, hi, iterations: int, seed: int,
-           tv_weight: float = 0.003, log_every: int = 0) -> torch.Tensor:
-    """Dummy images (normalised) whose gradient points along ``update`` (cosine + TV)."""
-    target = torch.cat([-torch.as_tensor(u, dtype=torch.float32).flatten() for u in update])
-    target = target / target.norm().clamp_min(1e-12)
-    generator = torch.Generator().manual_seed(seed)
-    dummy = torch.randn(shape, generator=generator).clamp(lo, hi).requires_grad_(True)
+def per_target_gradient(model: nn.Module):
+    """f(dummies (T, B, C, H, W), labels (T, B)) -> (T, P): each target's dummy batch's gradient
+    of the mean cross-entropy, flattened in the model's parameter order."""
+    params = {k: v.detach() for k, v in model.named_parameters()}
+
+    def flat(x, y):
+        grads = grad(lambda p: F.cross_entropy(functional_call(model, p, (x,)), y))(params)
+        return torch.cat([g.flatten() for g in grads.values()])
+
+    return vmap(flat)
+
+
+def total_variation(x: torch.Tensor) -> torch.Tensor:
+    """Per target of (T, B, C, H, W): mean absolute difference of neighbouring pixels."""
+    return ((x[..., 1:, :] - x[..., :-1, :]).abs().flatten(1).mean(1)
+            + (x[..., 1:] - x[..., :-1]).abs().flatten(1).mean(1))
+
+
+def _descend(gradient_of, direction, labels, shape, box, iterations, tv_weight, signed,
+             generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """One dummy batch per row of ``direction``, optimised together (their losses are
+    independent, and Adam is per coordinate); returns the dummies and their final losses."""
+    dummy = torch.randn((len(direction), *shape), generator=generator).clamp(*box)
+    dummy.requires_grad_(True)
     optimiser = torch.optim.Adam([dummy], lr=0.1)
     schedule = torch.optim.lr_scheduler.MultiStepLR(
         optimiser, [int(iterations * f) for f in (0.375, 0.625, 0.875)], gamma=0.1)
-    for it in range(1, iterations + 1):
+
+    def losses():
+        g = gradient_of(dummy, labels)
+        cosine = (g * direction).sum(1) / g.norm(dim=1).clamp_min(1e-12)
+        return 1 - cosine + tv_weight * total_variation(dummy)
+
+    for _ in range(iterations):
         optimiser.zero_grad()
-        grads = torch.cat([g.flatten() for g in gradient(model, dummy, labels, graph=True)])
-        distance = 1 - grads @ target / grads.norm().clamp_min(1e-12)
-        loss = distance + tv_weight * tv(dummy)
-        loss.backward()
+        losses().sum().backward()
+        if signed:  # Geiping et al.'s choice: every pixel moves at Adam's pace
+            dummy.grad.sign_()
         optimiser.step()
         schedule.step()
         with torch.no_grad():
-            dummy.clamp_(lo, hi)
-        if log_every and (it % log_every == 0 or it == iterations):
-            print(f"      iteration {it:>5}  cosine distance {distance.item():.4f}  "
-                  f"loss {loss.item():.4f}", flush=True)
-    return dummy.detach()
+            dummy.clamp_(*box)
+    with torch.no_grad():
+        final = losses()
+    return dummy.detach(), final.detach()
+
+
+def invert(model: nn.Module, updates: torch.Tensor, labels: torch.Tensor, shape, box, *,
+           iterations: int, tv_weight: float = 0.01, restarts: int = 1, signed: bool = True,
+           chunk: int = 32, seed: int = 0) -> torch.Tensor:
+    """Inverting gradients for T targets at once: ``updates`` (T, P) the observed updates
+    flattened, ``labels`` (T, B); returns (T, B, *shape) normalised dummies, per target the
+    restart of lowest loss."""
+    gradient_of = per_target_gradient(model)
+    direction = -updates / updates.norm(dim=1, keepdim=True).clamp_min(1e-12)  # -lr * gradient
+    direction = direction.repeat_interleave(restarts, 0)
+    labels = labels.repeat_interleave(restarts, 0)
+    generator = torch.Generator().manual_seed(seed)
+    dummies, losses = [], []
+    for start in range(0, len(direction), chunk):
+        d, loss = _descend(gradient_of, direction[start:start + chunk],
+                           labels[start:start + chunk], shape, box, iterations, tv_weight,
+                           signed, generator)
+        dummies.append(d)
+        losses.append(loss)
+    dummies = torch.cat(dummies).view(len(updates), restarts, *shape)
+    best = torch.cat(losses).view(len(updates), restarts).argmin(1)
+    return dummies[torch.arange(len(updates)), best]
 
 
 # --- the benchmark -----------------------------------------------------------------------------
 
-def save_png(real: np.ndarray, recon: np.ndarray, scores: list[str], path: Path, title: str):
-    """Top row the client's images, bottom row each one's matched reconstruction."""
+def save_png(real: torch.Tensor, recon: torch.Tensor, path: Path, title: str) -> None:
+    """Top row the client's images, bottom row each one's reconstruction, PSNR below it."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from PIL import Image  # matplotlib's own dependency
 
+    scores = psnr(recon, real).tolist()
     n = len(real)
-    fig, axes = plt.subplots(2, n, figsize=(max(2.2, 0.8 * n), 2.5), squeeze=False)
+    fig, axes = plt.subplots(2, n, figsize=(max(2.2, 0.8 * n), 2.4), squeeze=False)
     for i in range(n):
-        for row, image in enumerate((real[i], recon[i])):
+        for row, image in enumerate((real[i, 0], recon[i, 0])):
             ax = axes[row][i]
-            ax.imshow(image, cmap="gray", vmin=0, vmax=1, interpolation="nearest")
+            ax.imshow(image.numpy(), cmap="gray", vmin=0, vmax=1, interpolation="nearest")
             ax.set_xticks([])
             ax.set_yticks([])
-        axes[1][i].set_xlabel(scores[i], fontsize=6)
+        axes[1][i].set_xlabel(f"{scores[i]:.1f} dB", fontsize=6)
     axes[0][0].set_ylabel("real", fontsize=7)
     axes[1][0].set_ylabel("attack", fontsize=7)
     fig.suptitle(title, fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=72)
     plt.close(fig)
-    from PIL import Image  # matplotlib's own dependency
-
     Image.open(path).convert("L").save(path, optimize=True)  # grey: half the bytes of RGBA
+
+
+def attack(name: str, model: nn.Module, observed: list[list[np.ndarray]], real: torch.Tensor,
+           y: torch.Tensor, data: Data, seed: int, settings: dict) -> tuple[torch.Tensor, float]:
+    """Each target's reconstructions, matched to its real images (T, B, 1, 28, 28) in [0, 1],
+    and the share of labels iDLG read right (nan where the attack needs none)."""
+    if name == "mlp":
+        return torch.stack([closest(data.pixels(first_layer_candidates(model, u)), r)
+                            for u, r in zip(observed, real)]), math.nan
+    flat = torch.stack([torch.cat([torch.from_numpy(a).flatten() for a in u]) for u in observed])
+    if y.shape[1] == 1:
+        labels = torch.tensor([[idlg_label(model, u)] for u in observed])
+    else:  # iDLG reads one label only: give the attacker the batch's labels
+        labels = y
+    dummies = invert(model, flat, labels, tuple(real.shape[1:]), data.box, seed=seed,
+                     **settings)
+    recon = data.pixels(dummies.flatten(0, 1)).view_as(real)
+    recon = torch.stack([r[match(r, t)] for r, t in zip(recon, real)])
+    return recon, (labels == y).float().mean().item()
+
+
+def run_setting(name: str, model: nn.Module, data: Data, images: int, batch: int | None,
+                seed: int, views: list[str], count: int, settings: dict, out: Path | None):
+    """One (model, setting, seed): its clients' real updates, then every view attacked.
+    Returns a row per view; writes PNGs of its first images to ``out``."""
+    targets = math.ceil(count / images)
+    draw = np.random.default_rng(seed).choice(data.pool, (targets + CLIENTS - 1) * images,
+                                              replace=False).reshape(-1, images)
+    updates = [client_update(model, data.x[i], data.y[i], batch, seed) for i in draw]
+    norms = [clip_update(u, CLIP)[1] for u in updates[:targets]]
+    real = data.pixels(data.x[draw[:targets]])  # (T, B, 1, 28, 28)
+    y = data.y[draw[:targets]]
+    floor = data.mean_image().expand_as(real.flatten(0, 1))
+    noise = np.random.default_rng()  # OS entropy, as driftfl's own noise
+    rows = []
+    for view in views:
+        started = time.perf_counter()
+        observed = [observe(view, u, updates[targets:], noise) for u in updates[:targets]]
+        recon, labels = attack(name, model, observed, real, y, data, seed, settings)
+        p, s = psnr(recon.flatten(0, 1), real.flatten(0, 1)), ssim(recon.flatten(0, 1),
+                                                                   real.flatten(0, 1))
+        seconds = time.perf_counter() - started
+        rows.append({"model": name, "images": images, "batch": batch or local_defaults()[
+            "batch_size"], "view": view, "seed": seed, "psnr": p.tolist(), "ssim": s.tolist(),
+            "labels": labels, "norms": norms, "seconds": seconds,
+            "floor_psnr": psnr(floor, real.flatten(0, 1)).mean().item(),
+            "floor_ssim": ssim(floor, real.flatten(0, 1)).mean().item()})
+        label_text = "" if math.isnan(labels) else f", labels {labels:.0%} right"
+        print(f"  {name} B={images} seed {seed} {view}: PSNR {p.mean():.1f} dB, SSIM "
+              f"{s.mean():.3f}{label_text} ({seconds:.0f} s)", flush=True)
+        if out is not None:
+            shown = real.flatten(0, 1)[:SHOWN], recon.flatten(0, 1)[:SHOWN]
+            save_png(*shown, out / f"{tag(name, images, batch)}-{view}.png",
+                     f"{name}, B={images}, {view}, seed {seed}")
+    return rows
+
+
+def tag(name: str, images: int, batch: int | None) -> str:
+    return f"{name}-b{images}" + (f"-batch{batch}" if batch else "")
+
+
+def table(rows: list[dict]) -> list[dict]:
+    """Per (model, setting, view), in the order run: the mean over seeds of each seed's mean
+    PSNR and SSIM, the seeds' spread, and over all target images the median PSNR and the
+    share above 20 dB; the target clients' update norms before DP (median, share over C)."""
+    groups: dict[tuple, list[dict]] = {}
+    for row in rows:
+        key = row["model"], row["images"], row["batch"], row["view"]
+        groups.setdefault(key, []).append(row)
+    out = []
+    for (name, images, batch, view), runs in groups.items():
+        per_seed = [np.mean(r["psnr"]) for r in runs]
+        scores = np.concatenate([r["psnr"] for r in runs])
+        norms = np.concatenate([r["norms"] for r in runs])  # the targets' updates before DP
+        out.append({
+            "model": name, "images": images, "batch": batch,
+            "steps": math.ceil(images / batch), "view": view,
+            "noise_std": noise_std(view),
+            "attack": "first layer" if name == "mlp" else "inverting gradients",
+            "seeds": len(runs), "targets": len(scores),
+            "update_norm": float(np.median(norms)), "clipped": float(np.mean(norms > CLIP)),
+            "psnr": float(np.mean(per_seed)), "psnr_sd": float(np.std(per_seed)),
+            "psnr_median": float(np.median(scores)),
+            "ssim": float(np.mean([np.mean(r["ssim"]) for r in runs])),
+            "above_20db": float(np.mean(scores > 20)),
+            "labels_right": float(np.mean([r["labels"] for r in runs])),
+            "floor_psnr": float(np.mean([r["floor_psnr"] for r in runs])),
+            "floor_ssim": float(np.mean([r["floor_ssim"] for r in runs])),
+            "seconds": float(sum(r["seconds"] for r in runs))})
+    return out
+
+
+def print_table(summary: list[dict]) -> None:
+    print("| model | B | batch | steps | view | noise std | update norm | clipped | PSNR (dB) "
+          "| median | SSIM | > 20 dB | labels | floor PSNR | floor SSIM | seconds |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in summary:
+        labels = "-" if math.isnan(r["labels_right"]) else f"{r['labels_right']:.0%}"
+        print(f"| {r['model']} | {r['images']} | {r['batch']} | {r['steps']} | {r['view']} "
+              f"| {r['noise_std']:.3g} | {r['update_norm']:.3g} | {r['clipped']:.0%} "
+              f"| {r['psnr']:.1f} ± "
+              f"{r['psnr_sd']:.1f} | {r['psnr_median']:.1f} | {r['ssim']:.3f} "
+              f"| {r['above_20db']:.0%} | {labels} "
+              f"| {r['floor_psnr']:.1f} | {r['floor_ssim']:.3f} | {r['seconds']:.0f} |")
+
+
+def write_csv(summary: list[dict], path: Path) -> None:
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(summary[0]))
+        writer.writeheader()
+        for row in summary:
+            writer.writerow({k: f"{v:.4g}" if isinstance(v, float) else v
+                             for k, v in row.items()})
+
+
+def attack_settings(iterations: str, tv: str, restarts: int) -> dict[str, dict]:
+    """ATTACK with the command line's overrides: a number for every conv net, or name=value."""
+    settings = {name: dict(values, restarts=restarts) for name, values in ATTACK.items()}
+    for key, text in (("iterations", iterations), ("tv_weight", tv)):
+        for part in filter(None, text.split(",")):
+            name, _, value = part.rpartition("=")
+            for target in [name] if name else list(settings):
+                settings[target][key] = type(ATTACK["cnn"][key])(value)
+    return settings
+
+
+def defaults(key: str) -> str:
+    return ",".join(f"{name}={values[key]}" for name, values in ATTACK.items())
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("/tmp/driftfl-inversion"),
-                        help="where the PNGs go (default %(default)s)")
-    parser.add_argument("--iterations", type=int, default=2000)
-    parser.add_argument("--tv", type=float, default=0.003, help="total-variation weight")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--models", default="lenet5-sigmoid,lenet5")
-    parser.add_argument("--batches", default="1,8")
-    parser.add_argument("--sigmas", default="none,0.01,1.0",
-                        help="noise multipliers; none: no DP (no clipping, no noise)")
+                        help="the CSV and PNGs go here (default %(default)s)")
+    parser.add_argument("--checkpoints", type=Path, default=None,
+                        help="the trained victims are cached here (default OUT/checkpoints)")
+    parser.add_argument("--models", default="mlp,lenet5,cnn")
+    parser.add_argument("--views", default=",".join(VIEWS))
+    parser.add_argument("--seeds", default="0,1,2")
+    parser.add_argument("--images", type=int, default=32,
+                        help="target images per (model, setting, view, seed)")
+    parser.add_argument("--iterations", default="", help="the optimisation attack's: N for "
+                        f"every conv net, or lenet5=N,cnn=N (default {defaults('iterations')})")
+    parser.add_argument("--tv", default="",
+                        help=f"its TV weight, the same way (default {defaults('tv_weight')})")
+    parser.add_argument("--restarts", type=int, default=1)
     args = parser.parse_args()
     torch.set_num_threads(1)
     args.out.mkdir(parents=True, exist_ok=True)
-
-    from driftfl.common.datasets import load_dataset
-
-    data = load_dataset({"name": "fmnist"})
-    mean, std = float(data.mean[0]), float(data.std[0])
-    lo, hi = (0 - mean) / std, (1 - mean) / std  # the pixel box [0, 1], normalised
-    rng = np.random.default_rng(args.seed)
-    batches = {int(b): rng.choice(len(data.train_y), int(b), replace=False)
-               for b in args.batches.split(",")}  # the same images for every model
+    settings = attack_settings(args.iterations, args.tv, args.restarts)
+    views = args.views.split(",")
+    seeds = [int(s) for s in args.seeds.split(",")]
+    data = Data()
+    started = time.perf_counter()
     rows = []
-    for model_name in args.models.split(","):
-        model = victim_model(model_name, args.seed)
-        for b, index in batches.items():
-            pixels = torch.from_numpy(data.train_x[index]).float() / 255
-            x, y = (pixels - mean) / std, torch.from_numpy(data.train_y[index]).long()
-            for level in args.sigmas.split(","):
-                sigma = None if level == "none" else float(level)
-                update, norm, noise = observed_update(model, x, y, sigma,
-                                                      np.random.default_rng(args.seed))
-                noise_norm = noise * math.sqrt(sum(u.size for u in update))
-                label = "known"
-                labels = y
-                if b == 1:
-                    guess = idlg_label(update, model)
-                    labels = torch.tensor([guess])
-                    label = "right" if guess == int(y[0]) else "wrong"
-                setting = f"{model_name} B={b}: " + ("no DP" if sigma is None else
-                                                    f"sigma={sigma:g} (std {noise:.4g})")
-                print(f"{setting}; update norm {norm:.3g}, noise norm {noise_norm:.3g}, "
-                      f"labels {label}", flush=True)
-                started = time.perf_counter()
-                dummy = invert(model, update, labels, tuple(x.shape), lo, hi, args.iterations,
-                               args.seed, args.tv, log_every=max(1, args.iterations // 4))
-                seconds = time.perf_counter() - started
-                recon = (dummy * std + mean).clamp(0, 1)
-                order = match(recon, pixels)
-                recon = recon[order]
-                p, s = psnr(recon, pixels), ssim(recon, pixels)
-                rows.append((model_name, b, "none" if sigma is None else f"{sigma:g}", noise,
-                             f"{norm:.3g} / {noise_norm:.3g}", label, p.mean().item(),
-                             s.mean().item(), seconds))
-                tag = "nodp" if sigma is None else f"sigma{sigma:g}"
-                save_png(pixels[:, 0].numpy(), recon[:, 0].numpy(),
-                         [f"{a:.1f} dB\nSSIM {c:.2f}" for a, c in zip(p.tolist(), s.tolist())],
-                         args.out / f"{model_name}-b{b}-{tag}.png",
-                         setting.replace(": ", "\n", 1) + f", {args.iterations} iterations")
-    print(f"\n{args.iterations} iterations, TV weight {args.tv:g}, seed {args.seed}; PNGs in "
-          f"{args.out}")
-    print("| model | B | sigma | noise std per coordinate | update norm / noise norm | labels "
-          "| PSNR (dB) | SSIM | seconds |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    for m, b, sg, noise, norms, label, p, s, sec in rows:
-        print(f"| {m} | {b} | {sg} | {noise:.4g} | {norms} | {label} | {p:.1f} | {s:.3f} "
-              f"| {sec:.0f} |")
-    for b, index in batches.items():  # the floor: no attack, a flat image at the mean pixel
-        pixels = torch.from_numpy(data.train_x[index]).float() / 255
-        flat = torch.full_like(pixels, mean)
-        print(f"reference, B={b}: a flat image at the dataset's mean pixel scores "
-              f"{psnr(flat, pixels).mean():.1f} dB, SSIM {ssim(flat, pixels).mean():.3f}")
+    for name in args.models.split(","):
+        model = trained_model(name, data, args.checkpoints or args.out / "checkpoints")
+        for images, batch in SETTINGS[name]:
+            for seed in seeds:
+                print(f"{name} B={images} batch {batch or local_defaults()['batch_size']}, "
+                      f"seed {seed}", flush=True)
+                rows += run_setting(name, model, data, images, batch, seed, views, args.images,
+                                    settings.get(name, {}), args.out if seed == seeds[0] else None)
+    summary = table(rows)
+    write_csv(summary, args.out / "inversion.csv")
+    print(f"\n{time.perf_counter() - started:.0f} s; attack settings {settings}; CSV and PNGs "
+          f"in {args.out}")
+    print_table(summary)
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ def term_norm(reply) -> float:
     """The L2 norm of the reply's payload term, as privacy would clip it."""
     from driftfl.common.protocol import (CONTROL_DELTA, FEATURE_PROTOTYPES, FISHER,
                                          PROTOTYPES)
-    from driftfl.strategies.aggregation import model_norm, to_numpy
+    from driftfl.strategies.parts.aggregation import model_norm, to_numpy
 
     records = reply.content.array_records
     if FISHER in records:  # FedCurv without privacy: F_k; the term adds F_k * w_k
@@ -41,7 +41,7 @@ def term_norm(reply) -> float:
 
 def main(overrides: list[str]) -> None:
     from driftfl.common.protocol import model_to_arrays
-    from driftfl.strategies.aggregation import to_numpy, update_norm
+    from driftfl.strategies.parts.aggregation import to_numpy, update_norm
 
     for method, settings in METHODS.items():
         cfg, model, strategy, grid, record = in_process_federation(

@@ -22,10 +22,11 @@ from driftfl.common.config import ExperimentConfig, experiment_config
 from driftfl.common.errors import ConfigError, lookup
 from driftfl.common.settings import Named, Settings, validated
 from driftfl.rules import SPEC, check_parts
-from driftfl.strategies import (AGGREGATIONS, DCFL, SELECTIONS, DriftStrategy, FedAvg, FedAvgM,
-                                FedCAD, FedCSD, FedCurv, FedDyn, FedGKD, FedProto, FedProx, FedSSD,
+from driftfl.strategies import (AGGREGATIONS, SELECTIONS, DriftStrategy, FedAvg, FedAvgM, FedCAD,
+                                FedCSD, FedCurv, FedDyn, FedGKD, FedProto, FedProx, FedSSD,
                                 Scaffold)
-from driftfl.strategies.aux_set import AuxSet
+from driftfl.dcfl.strategy import DCFL
+from driftfl.strategies.methods.aux_set import AuxSet
 
 
 @dataclass(frozen=True)

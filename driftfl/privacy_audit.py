@@ -50,9 +50,9 @@ from scipy.stats import beta
 from driftfl.client.privacy import privatise
 from driftfl.common.privacy import PrivacySettings, add_noise
 from driftfl.common.protocol import LOCAL_STEPS, NUM_EXAMPLES
-from driftfl.strategies.aggregation import ClientUpdate
-from driftfl.strategies.release import (CentralRelease, DistributedRelease, RoundFacts,
-                                        SecureSum)
+from driftfl.strategies.parts.aggregation import ClientUpdate
+from driftfl.strategies.parts.release import (CentralRelease, DistributedRelease, RoundFacts,
+                                              SecureSum)
 
 # a small model: the projection on e does not depend on the dimension, the run time does
 GLOBAL = {"w": np.zeros((10, 15), np.float32), "b": np.zeros(50, np.float32)}

@@ -35,14 +35,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, RecordDict  # noqa: E402
 
-from driftfl.client.condense import CondenseConfig, condense  # noqa: E402
-from driftfl.client.dcfl import DCFLClient  # noqa: E402
+from driftfl.dcfl.condense import CondenseConfig, condense
+from driftfl.dcfl.client import DCFLClient
 from driftfl.client.objectives import OBJECTIVES, build_objective  # noqa: E402
 from driftfl.client.objectives.csd import (class_prototypes, csd_mask,  # noqa: E402
                                            prototype_reply)
 from driftfl.client.train import logit_shift  # noqa: E402
 from driftfl.common.augment import DSA_TRANSFORMS, SiameseAugment  # noqa: E402
-from driftfl.common.condensation import CondensationSettings  # noqa: E402
+from driftfl.dcfl.settings import CondensationSettings
 from driftfl.common.config import compose  # noqa: E402
 from driftfl.common.evaluation import evaluate  # noqa: E402
 from driftfl.common.models import build_model  # noqa: E402
@@ -52,7 +52,7 @@ from driftfl.common.protocol import (CLASS_PHI, CONFIG, CONTROL, CREDIBILITY,  #
                                      PROTOTYPES_IN_REPLY, PROXIMAL_MU, TEACHER, load_arrays)
 from driftfl.common.training import CrossEntropy, TrainSettings, train_locally  # noqa: E402
 from driftfl.methods import build_strategy, check_experiment  # noqa: E402
-from driftfl.strategies.aux_set import AuxSet  # noqa: E402
+from driftfl.strategies.methods.aux_set import AuxSet
 
 CLASSES, SHAPE, SAMPLES = 4, (1, 16, 16), 64
 MLP = {"name": "mlp", "hidden": [32, 16], "projection": 8}  # projection: MOON's head

@@ -12,9 +12,9 @@ from flwr.app import (Array, ArrayRecord, ConfigRecord, Error, Message, Metadata
 
 from driftfl.common.protocol import ARRAYS, LOCAL_STEPS, METRICS, NUM_EXAMPLES
 from driftfl.strategies import FedAvg, FedAvgM, FedNovaAggregation
-from driftfl.strategies.aggregation import (ClientUpdate, check_reply, example_weights,
-                                            mean_metrics, weighted_average)
-from driftfl.strategies.fednova import nova_normaliser
+from driftfl.strategies.parts.aggregation import (ClientUpdate, check_reply, example_weights,
+                                                  mean_metrics, weighted_average)
+from driftfl.strategies.parts.fednova import nova_normaliser
 
 GLOBAL = {"w": np.array([1.0, 1.0], np.float32), "count": np.array(5, np.int64)}
 
@@ -197,7 +197,7 @@ def test_fedavgm_applies_server_momentum_to_the_checked_average():
 
 def disco_round(metric):
     """Three surveyed nodes, C = 4, with 40, 40 and 20 examples; FedDisco's round weights."""
-    from driftfl.strategies.feddisco import FedDiscoAggregation
+    from driftfl.strategies.parts.feddisco import FedDiscoAggregation
 
     aggregation = FedDiscoAggregation(a=0.5, b=0.1, metric=metric)
     aggregation.meet([{"node_id": node, "label_histogram": hist} for node, hist in
@@ -208,7 +208,7 @@ def disco_round(metric):
 
 
 def test_feddisco_kl_discrepancy_on_a_hand_checked_histogram():
-    from driftfl.strategies.feddisco import discrepancy
+    from driftfl.strategies.parts.feddisco import discrepancy
 
     # D = (3/4, 1/4, 0, 0), U = 1/4: KL = 3/4 ln(3/4 * 4) + 1/4 ln(1/4 * 4) = 3/4 ln 3 = 0.823959;
     # the empty classes add 0 (0 log 0 = 0, as scipy.special.kl_div in the authors' code)
@@ -229,7 +229,7 @@ def test_feddisco_kl_discrepancy_on_a_hand_checked_histogram():
 def test_feddisco_l2_is_the_default_and_keeps_its_numbers():
     from driftfl.common.config import compose
     from driftfl.methods import check_experiment
-    from driftfl.strategies.feddisco import FedDiscoAggregation
+    from driftfl.strategies.parts.feddisco import FedDiscoAggregation
 
     cfg = check_experiment(compose(["strategy=feddisco"]))
     assert cfg.aggregation.metric == "l2"

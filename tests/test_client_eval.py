@@ -23,8 +23,8 @@ from driftfl.common.partition import partition
 from driftfl.common.protocol import DatasetMeta
 from driftfl.server.client_eval import COLUMNS, client_figures, spread_columns
 from driftfl.server.experiment import prepare_experiment
-from driftfl.strategies.aggregation import ClientUpdate
-from driftfl.strategies.round_plan import RoundPlan
+from driftfl.strategies.parts.aggregation import ClientUpdate
+from driftfl.strategies.parts.round_plan import RoundPlan
 
 LABELS = np.array([0] * 50 + [1] * 30 + [2] * 20)
 

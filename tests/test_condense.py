@@ -7,7 +7,7 @@ import copy
 import pytest
 import torch
 
-from driftfl.client.condense import CondenseConfig, _distance, condense, progress_line
+from driftfl.dcfl.condense import CondenseConfig, _distance, condense, progress_line
 from driftfl.common.augment import (DEFAULT_TRANSFORMS, DSA_TRANSFORMS, SiameseAugment,
                                     parse_transforms)
 from driftfl.common.errors import ConfigError

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 
-from driftfl.common.condensation import condensation_settings, privacy_plan
+from driftfl.dcfl.settings import condensation_settings, privacy_plan
 from driftfl.common.config import compose
 from driftfl.common.errors import ConfigError
 from driftfl.common.models import build_model
@@ -16,12 +16,11 @@ from driftfl.common.protocol import (CONDENSED, DATASET_META, EXPERIMENT, LOCAL_
 from driftfl.methods import build_strategy, check_experiment
 from driftfl.server.survey import survey_clients
 from driftfl.server.experiment import prepare_experiment
-from driftfl.strategies.aggregation import to_numpy, to_record
-from driftfl.strategies.cka import (cka_input, cka_matrix, complementary_group,
-                                    exploit_probabilities, keep_lowest_loss, linear_cka,
-                                    select_clients, selection_tv)
-from driftfl.strategies.dcfl import check_condensed
-from driftfl.strategies.feddisco import discrepancy, disco_weights
+from driftfl.strategies.parts.aggregation import to_numpy, to_record
+from driftfl.dcfl.cka import (cka_input, cka_matrix, complementary_group, exploit_probabilities,
+                              keep_lowest_loss, linear_cka, select_clients, selection_tv)
+from driftfl.dcfl.strategy import check_condensed
+from driftfl.strategies.parts.feddisco import discrepancy, disco_weights
 from test_methods import InProcessGrid, fmnist_nodes
 
 
@@ -337,7 +336,7 @@ def test_dcfl_over_fedprox_sends_mu_and_refuses_an_objective_it_cannot_serve():
                                     "+strategy.mu=0.05", "aggregation=feddisco"]))
     assert cfg.strategy.mu == 0.05 and cfg.aggregation.name == "feddisco"
     from driftfl.common.models import build_model
-    from driftfl.strategies import DCFL
+    from driftfl.dcfl.strategy import DCFL
 
     strategy = DCFL.from_config(cfg, build_model(cfg.model, (1, 28, 28), 10))
     assert strategy.proximal_mu == 0.05
@@ -379,7 +378,7 @@ def test_dcfl_expects_the_steps_of_both_stages_or_of_the_mixed_one(use, steps):
     """100 local examples, 40 images sent: E_c = 2 epochs in batches of 32 (4 a pass), then
     E_s = 3 in batches of 16 (3 a pass); mixed, 2 epochs of 140 in batches of 32 (5 a pass).
     A client sent nothing trains its local stage only."""
-    from driftfl.strategies.aggregation import ClientUpdate
+    from driftfl.strategies.parts.aggregation import ClientUpdate
 
     cfg = check_experiment(compose(["strategy=dcfl", "model=mlp", "local_epochs=2",
                                     "batch_size=32", "strategy.finetune_epochs=3",
@@ -396,7 +395,7 @@ def test_a_reply_with_a_bad_condensed_set_changes_no_dcfl_state(fmnist_available
     before = (list(strategy.explored), dict(strategy.store))
     strategy.asked = {999}
     strategy.clients.surveyed[999] = 10  # a surveyed node
-    from driftfl.strategies.aggregation import ClientUpdate
+    from driftfl.strategies.parts.aggregation import ClientUpdate
 
     # a reply that passed the common checks, from a node asked to condense
     bad = condensed_reply(np.full((2, 1, 28, 28), np.nan, np.float32), np.zeros(2, np.int64))

@@ -15,7 +15,7 @@ from driftfl.common.models import DriftModel
 from driftfl.common.protocol import (ARRAYS, FISHER, FISHER_PENALTY, LOCAL_STEPS, METRICS,
                                      NUM_EXAMPLES)
 from driftfl.common.training import TrainSettings, train_locally
-from driftfl.strategies.fedcurv import FedCurv
+from driftfl.strategies.methods.fedcurv import FedCurv
 
 
 def test_penalty_on_a_hand_worked_case():

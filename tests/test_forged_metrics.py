@@ -17,7 +17,7 @@ from driftfl.common.protocol import METRICS, NUM_EXAMPLES, model_to_arrays
 from driftfl.server.app import RoundEvaluator, client_columns
 from driftfl.server.traffic import MeteredGrid
 from driftfl.strategies import FedAvg
-from driftfl.strategies.aggregation import read_metrics
+from driftfl.strategies.parts.aggregation import read_metrics
 from driftfl.strategies.base import RoundReport
 from test_reply_checks import ScriptedGrid, metadata, surveyed, train_reply
 

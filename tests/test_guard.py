@@ -1,5 +1,5 @@
 """One reply inside the bounds cannot outsize its peers, and a strategy's state is replaced only
-by a finite state that moved within the bound (driftfl/strategies/guard.py)."""
+by a finite state that moved within the bound (driftfl/strategies/parts/guard.py)."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 
 from driftfl.strategies import FedAvg
-from driftfl.strategies.aggregation import Aggregation
-from driftfl.strategies.aggregation import model_norm as norm
-from driftfl.strategies.guard import lower_median, peer_outliers, state_problem
-from driftfl.strategies.robust import (KrumAggregation, MedianAggregation,
-                                       TrimmedMeanAggregation)
+from driftfl.strategies.parts.aggregation import Aggregation
+from driftfl.strategies.parts.aggregation import model_norm as norm
+from driftfl.strategies.parts.guard import lower_median, peer_outliers, state_problem
+from driftfl.strategies.parts.robust import (KrumAggregation, MedianAggregation,
+                                             TrimmedMeanAggregation)
 from test_reply_checks import train_reply
 
 GLOBAL = {"w": np.array([1.0, 1.0], np.float32)}

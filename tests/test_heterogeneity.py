@@ -17,7 +17,7 @@ from driftfl.common.protocol import LOCAL_STEPS
 from driftfl.common.training import CrossEntropy, TrainSettings, train_locally
 from driftfl.common.models import build_model
 from driftfl.strategies import FedAvg, FedNovaAggregation, Selection
-from driftfl.strategies.round_plan import RoundPlan
+from driftfl.strategies.parts.round_plan import RoundPlan
 from test_aggregation import GLOBAL, reply
 from test_strategy_base import FakeGrid
 

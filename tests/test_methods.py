@@ -24,7 +24,7 @@ from driftfl.server.survey import survey_clients
 from driftfl.server.experiment import prepare_experiment
 from driftfl.server.traffic import MeteredGrid
 from driftfl.strategies import AGGREGATIONS, SELECTIONS
-from driftfl.strategies.aggregation import to_numpy
+from driftfl.strategies.parts.aggregation import to_numpy
 
 CONF = REPO / "conf"
 TINY = ["model=mlp", "dataset.subset=2000", "dataset.test_subset=200", "num_clients=2",

@@ -23,7 +23,7 @@ from driftfl.common.protocol import (ARRAYS, CONFIG, DATASET_META, EXPERIMENT,
                                      model_to_arrays)
 from driftfl.common.training import TrainSettings, train_locally
 from driftfl.methods import build_strategy, check_experiment
-from driftfl.strategies.fedproto import check_feature_prototypes, weighted_prototypes
+from driftfl.strategies.methods.fedproto import check_feature_prototypes, weighted_prototypes
 
 # --- MOON -------------------------------------------------------------------------------------
 

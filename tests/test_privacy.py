@@ -19,9 +19,9 @@ from driftfl.common.privacy import PrivacySettings, clip_update
 from driftfl.common.protocol import ARRAYS, LOCAL_STEPS, METRICS, NUM_EXAMPLES, TRAIN_LOSS
 from driftfl.methods import check_experiment
 from driftfl.server.checkpoint import state_of
-from driftfl.strategies.aggregation import ClientUpdate
-from driftfl.strategies.release import (CentralRelease, DistributedRelease, Release, RoundFacts,
-                                        SecureSum)
+from driftfl.strategies.parts.aggregation import ClientUpdate
+from driftfl.strategies.parts.release import (CentralRelease, DistributedRelease, Release,
+                                              RoundFacts, SecureSum)
 
 GLOBAL = {"w": np.zeros((50, 40), np.float32), "b": np.zeros(40, np.float32),
           "count": np.array(7, np.int64)}  # an integer buffer: not an update, never noised
@@ -370,7 +370,7 @@ def test_a_round_under_privacy_runs_through_the_real_client_app(fmnist_available
     from driftfl.methods import build_strategy
     from driftfl.server.experiment import prepare_experiment
     from driftfl.server.survey import survey_clients
-    from driftfl.strategies.aggregation import to_numpy
+    from driftfl.strategies.parts.aggregation import to_numpy
 
     experiment = prepare_experiment(compose(["privacy=distributed", "model=mlp",
                                              "dataset.subset=600", "dataset.test_subset=100",

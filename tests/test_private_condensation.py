@@ -11,10 +11,10 @@ import pytest
 import torch
 from torch import nn
 
-from driftfl.client.condense import CondenseConfig, _Condenser, condense
-from driftfl.client.dcfl import DCFLClient
+from driftfl.dcfl.condense import CondenseConfig, _Condenser, condense
+from driftfl.dcfl.client import DCFLClient
 from driftfl.common.accounting import released_epsilon
-from driftfl.common.condensation import PrivacyPlan, condensation_settings, privacy_plan
+from driftfl.dcfl.settings import PrivacyPlan, condensation_settings, privacy_plan
 from driftfl.common.errors import ConfigError
 from driftfl.common.models import DriftModel, build_model, mlp, model_settings
 from driftfl.common.protocol import (CONDENSE_EPSILON, CONDENSE_SECONDS, CONDENSED_COPIES,
@@ -213,7 +213,7 @@ def test_the_default_clip_comes_from_noise_not_from_a_clients_data(capsys):
     """Null clip: the median embedding norm of N(0, 1) images under fresh networks from a
     public seed, the same for clients of different data, and printed in the plan line."""
     assert condensation_settings({}).condense_dp_clip is None
-    from driftfl.client.condense import noise_clip
+    from driftfl.dcfl.condense import noise_clip
 
     expected = noise_clip(lambda: build_model({"name": "mlp", "hidden": [16]}, IMAGE, 3), IMAGE)
     for seed, per_class in ((0, 20), (1, 35)):
@@ -277,7 +277,7 @@ def test_dp_refuses_a_model_that_couples_the_images_of_a_batch():
 
 
 def test_the_server_announces_a_null_clip_as_the_clients_default(capsys):
-    from driftfl.strategies.shipped import announce
+    from driftfl.dcfl.shipped import announce
 
     announce(condensation_settings(DP), [("0", [10, 10, 0])])
     printed = capsys.readouterr().out

@@ -22,9 +22,9 @@ from driftfl.methods import build_strategy, check_experiment
 from driftfl.server.experiment import prepare_experiment
 from driftfl.server.secure import secure_train_round
 from driftfl.server.survey import survey_clients
-from driftfl.strategies.aggregation import ClientUpdate
-from driftfl.strategies.release import CentralRelease, DistributedRelease, RoundFacts
-from driftfl.strategies.prototypes import from_sum, holders
+from driftfl.strategies.parts.aggregation import ClientUpdate
+from driftfl.strategies.parts.release import CentralRelease, DistributedRelease, RoundFacts
+from driftfl.strategies.methods.prototypes import from_sum, holders
 from test_methods import InProcessGrid, fmnist_nodes
 from test_secagg import RecordingGrid
 

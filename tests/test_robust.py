@@ -22,9 +22,9 @@ from driftfl.common.protocol import ARRAYS, LOCAL_STEPS, METRICS, NUM_EXAMPLES
 from driftfl.common.training import CrossEntropy, TrainSettings, train_locally
 from driftfl.methods import build_strategy, check_experiment
 from driftfl.strategies import AGGREGATIONS, FedAvg
-from driftfl.strategies.aggregation import Aggregation, check_reply, norm_bound
-from driftfl.strategies.robust import (KrumAggregation, MedianAggregation, RobustAggregation,
-                                       TrimmedMeanAggregation)
+from driftfl.strategies.parts.aggregation import Aggregation, check_reply, norm_bound
+from driftfl.strategies.parts.robust import (KrumAggregation, MedianAggregation, RobustAggregation,
+                                             TrimmedMeanAggregation)
 
 GLOBAL = {"w": np.array([1.0, 1.0], np.float32), "count": np.array(5, np.int64)}
 

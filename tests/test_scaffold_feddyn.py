@@ -26,9 +26,9 @@ from driftfl.common.protocol import (ARRAYS, CONTROL, CONTROL_DELTA, LOCAL_STEPS
                                      NUM_EXAMPLES)
 from driftfl.common.training import TrainSettings, train_locally
 from driftfl.methods import build_strategy, check_experiment
-from driftfl.strategies.feddyn import FedDyn, corrected_model, next_h
-from driftfl.strategies.aggregation import ClientUpdate
-from driftfl.strategies.scaffold import CONTROL_TOLERANCE, update_control
+from driftfl.strategies.methods.feddyn import FedDyn, corrected_model, next_h
+from driftfl.strategies.parts.aggregation import ClientUpdate
+from driftfl.strategies.methods.scaffold import CONTROL_TOLERANCE, update_control
 
 
 def tiny_model(seed=0):

@@ -21,7 +21,7 @@ from driftfl.server.experiment import prepare_experiment
 from driftfl.common.privacy import float_keys
 from driftfl.server.secure import check_weights, secure_train_round
 from driftfl.server.traffic import MeteredGrid
-from driftfl.strategies.aggregation import to_numpy
+from driftfl.strategies.parts.aggregation import to_numpy
 from test_methods import InProcessGrid, fmnist_nodes
 
 CLIENTS = 3

@@ -23,13 +23,13 @@ from driftfl.common.protocol import (ARRAYS, CONTROL, CONTROL_DELTA, DATASET_MET
 from driftfl.methods import build_strategy
 from driftfl.server.survey import survey_clients
 from driftfl.server.experiment import prepare_experiment
-from driftfl.strategies.aggregation import to_numpy
-from driftfl.strategies.fedcurv import FISHER_BOUND, FedCurv, sums
-from driftfl.strategies.feddyn import FedDyn, next_h
-from driftfl.strategies.aggregation import model_norm as norm, update_norm as distance
-from driftfl.strategies.guard import lower_median
-from driftfl.strategies.robust import MedianAggregation
-from driftfl.strategies.scaffold import update_control
+from driftfl.strategies.parts.aggregation import to_numpy
+from driftfl.strategies.methods.fedcurv import FISHER_BOUND, FedCurv, sums
+from driftfl.strategies.methods.feddyn import FedDyn, next_h
+from driftfl.strategies.parts.aggregation import model_norm as norm, update_norm as distance
+from driftfl.strategies.parts.guard import lower_median
+from driftfl.strategies.parts.robust import MedianAggregation
+from driftfl.strategies.methods.scaffold import update_control
 from test_fedcurv import reply as curv_reply
 from test_methods import InProcessGrid, fmnist_nodes
 from test_scaffold_feddyn import honest, reply, scaffold_strategy, start_round

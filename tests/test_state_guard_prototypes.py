@@ -1,7 +1,7 @@
 """Issue 27's attacks inside the reply checks' bounds, on the state FedProto, FedCSD and DCFL keep:
 each re-sent through real Messages into the real strategy, which must keep its global model and
 every piece of its state as the honest replies alone make them (strategies/prototypes.py,
-strategies/condensed.py)."""
+dcfl/condensed.py)."""
 
 from __future__ import annotations
 
@@ -21,9 +21,9 @@ from driftfl.common.protocol import (ARRAYS, CLASSIFIER, CONDENSED, DATASET_META
                                      FEATURE_PROTOTYPES, LOCAL_STEPS, METRICS, NUM_EXAMPLES,
                                      PROTOTYPES, model_to_arrays)
 from driftfl.methods import build_strategy, check_experiment
-from driftfl.strategies import fedproto
-from driftfl.strategies.aggregation import to_numpy
-from driftfl.strategies.fedproto import weighted_prototypes
+from driftfl.strategies.methods import fedproto
+from driftfl.strategies.parts.aggregation import to_numpy
+from driftfl.strategies.methods.fedproto import weighted_prototypes
 
 
 def metadata(node, kind="train"):
@@ -300,7 +300,7 @@ def csd_phase(strategy, server_round, weights, hostile):
 
 
 def honest_csd(server_round, nodes=(1, 2, 3)):
-    from driftfl.strategies.fedcsd import global_prototypes
+    from driftfl.strategies.methods.fedcsd import global_prototypes
 
     return global_prototypes([(honest_rows(n, server_round)[:, :3].astype(np.float32),
                                np.array(HISTOGRAMS[n])) for n in nodes], 3)

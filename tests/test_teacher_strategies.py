@@ -12,8 +12,8 @@ from driftfl.common.models import build_model
 from driftfl.common.protocol import (ARRAYS, CONFIG, LOCAL_STEPS, METRICS, NUM_EXAMPLES,
                                      PROTOTYPES, PROTOTYPES_IN_REPLY, TEACHER)
 from driftfl.methods import build_strategy, check_experiment
-from driftfl.strategies.fedcsd import check_prototypes, global_prototypes
-from driftfl.strategies.teacher import ema, mean_of
+from driftfl.strategies.methods.fedcsd import check_prototypes, global_prototypes
+from driftfl.strategies.methods.teacher import ema, mean_of
 
 
 def metadata(node, kind="train"):

@@ -19,7 +19,7 @@ from driftfl.common.protocol import (ARRAYS, CLASSIFIER, CONDENSE, CONDENSED, CO
                                      summed_payload)
 
 from .assignment import evaluates, held_out_accuracy, local_stage
-from .dcfl import DCFLClient, is_dcfl, received_images, to_record
+from driftfl.dcfl.client import DCFLClient, is_dcfl, received_images, to_record
 from .job import ClientJob
 from .objectives import build_objective
 from .objectives.csd import prototype_reply

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from flwr.app import Message
 
-from driftfl.common.condensation import condensation_settings
+from driftfl.dcfl.settings import condensation_settings
 from driftfl.common.conditions import ASSIGNED_EPOCHS, ASSIGNMENT
 from driftfl.common.config import ExperimentConfig
 from driftfl.common.errors import ConfigError

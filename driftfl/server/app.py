@@ -25,7 +25,7 @@ from driftfl.common.protocol import (DATASET_META, EXPERIMENT, load_arrays, load
                                      model_to_arrays)
 from driftfl.methods import build_strategy
 from driftfl.strategies import DriftStrategy
-from driftfl.strategies.aggregation import to_numpy, to_record
+from driftfl.strategies.parts.aggregation import to_numpy, to_record
 
 from . import checkpoint, console
 from .client_eval import client_figures, spread_columns

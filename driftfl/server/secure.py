@@ -55,8 +55,8 @@ from driftfl.common.errors import ConfigError
 from driftfl.common.privacy import SecAggSettings, float_keys
 from driftfl.common.protocol import CONFIG, LOCAL_STEPS, METRICS, NUM_EXAMPLES, PAYLOAD_SCALE
 from driftfl.strategies import DriftStrategy
-from driftfl.strategies.aggregation import ClientUpdate, read_metrics
-from driftfl.strategies.release import SecureSum
+from driftfl.strategies.parts.aggregation import ClientUpdate, read_metrics
+from driftfl.strategies.parts.release import SecureSum
 
 
 def check_weights(settings: SecAggSettings, clients: list[dict], unweighted: bool) -> None:

@@ -48,20 +48,22 @@ from driftfl.common.protocol import (ARRAYS, CONFIG, LOCAL_STEPS, METHOD, SERVER
                                      SUMMED_ARRAYS, SUMMED_PAYLOAD)
 from driftfl.common.training import TrainSettings
 
-from .aggregation import (Aggregation, ClientUpdate, apply_update, check_reply, example_weights,
-                          mean_metrics, norm_bound, to_numpy, to_record, update_norm)
-from .clients import KnownClients
-from .federated_evaluation import FederatedEvaluation
-from .guard import ReplyGuard
-from .parts import AGGREGATIONS, SELECTIONS
-from .release import Release, Released, RoundFacts, SecureSum, build_release
-from .round_plan import RoundPlan
-from .round_report import RoundReport
-from .selection import ExploredClients, Selection
-from .settings import StrategySettings
+from driftfl.strategies.parts.aggregation import (Aggregation, ClientUpdate, apply_update,
+                                                  check_reply, example_weights, mean_metrics,
+                                                  norm_bound, to_numpy, to_record, update_norm)
+from driftfl.strategies.parts.clients import KnownClients
+from driftfl.strategies.parts.federated_evaluation import FederatedEvaluation
+from driftfl.strategies.parts.guard import ReplyGuard
+from driftfl.strategies.parts import AGGREGATIONS, SELECTIONS
+from driftfl.strategies.parts.release import (Release, Released, RoundFacts, SecureSum,
+                                              build_release)
+from driftfl.strategies.parts.round_plan import RoundPlan
+from driftfl.strategies.round_report import RoundReport
+from driftfl.strategies.parts.selection import ExploredClients, Selection
+from driftfl.strategies.settings import StrategySettings
 
 if TYPE_CHECKING:
-    from .aux_set import AuxSet
+    from driftfl.strategies.methods.aux_set import AuxSet
 
 
 class DriftStrategy(FedAvg):

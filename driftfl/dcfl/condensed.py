@@ -1,0 +1,81 @@
+"""What a client's condensed set must be before DCFL stores it, and what DCFL's pre-trained model
+must be before it replaces w^0.
+
+- **Reply.** ``read_condensed``: float32 images of the experiment's shape, finite, pixels within
+  +-1e4, labels in range, at most ipc images of each class; and (``check_condensed``) only of
+  classes the node holds by its surveyed label histogram: a client condenses what it holds.
+- **Peers.** A set's size, its largest image norm (one outsized image is enough to steer the
+  pre-training), may be at most ``max_peer_ratio`` x the lower median of the sizes of the sets
+  already stored and those arriving with it (``outsized``): the store's honest sets keep a lone
+  newcomer in line too.
+- **Pre-trained model.** w^1 replaces w^0 only when ``guard.state_problem`` passes: finite, moved
+  by at most ``max_update_ratio`` x max(1, ||w^0||), as an aggregate against the global model.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from flwr.app import Message
+
+from driftfl.dcfl.settings import read_condensed
+from driftfl.common.protocol import CLASSIFIER, CONDENSED, METRICS
+
+from driftfl.strategies.parts import guard
+from driftfl.dcfl.shipped import figures
+
+# No trained classifier weight comes near this; a larger one is corrupt or hostile (and would
+# overflow the CKA products).
+CLASSIFIER_BOUND = 1e4
+
+
+def check_condensed(msg: Message, shape: tuple[int, ...], num_classes: int, ipc: int,
+                    histogram: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray] | str:
+    """(images, labels) of a reply's condensed set, or why it cannot be used (``histogram``: the
+    node's surveyed label histogram; None: not checked)."""
+    if CONDENSED not in msg.content.array_records:
+        return f"reply lacks the '{CONDENSED}' record"
+    checked = read_condensed(msg.content.array_records[CONDENSED], shape, num_classes, ipc)
+    if isinstance(checked, str) or histogram is None:
+        return checked
+    unheld = sorted(set(np.unique(checked[1]).tolist()) - set(np.flatnonzero(histogram).tolist()))
+    if unheld:
+        return f"condensed images of classes {unheld}, which the node does not hold"
+    return checked
+
+
+def check_pretrain_reply(reply: Message, shape: tuple[int, ...], head: tuple[int, int],
+                         ipc: int, histogram: np.ndarray | None):
+    """(classifier, images, labels, what the node says it disclosed) of a pre-training reply,
+    or why it cannot be used."""
+    if reply.has_error():
+        return f"error reply: {reply.error.reason}"
+    condensed = check_condensed(reply, shape, head[0], ipc, histogram)
+    if isinstance(condensed, str):
+        return condensed
+    try:
+        weight = reply.content.array_records[CLASSIFIER]["weight"].numpy()
+    except Exception as err:
+        return f"classifier cannot be read: {err!r}"
+    if weight.shape != head or not np.isfinite(weight).all() \
+            or np.abs(weight).max() > CLASSIFIER_BOUND:
+        return (f"classifier is {list(weight.shape)}, expected {list(head)} finite values "
+                f"within +-{CLASSIFIER_BOUND:g}")
+    return weight, *condensed, figures(reply.content.metric_records.get(METRICS, {}))
+
+
+
+def set_size(images: np.ndarray) -> float:
+    """The largest L2 norm of one image of the set."""
+    return float(np.sqrt(np.square(images.reshape(len(images), -1), dtype=np.float64)
+                         .sum(axis=1).max(initial=0.0)))
+
+
+def outsized(new: list[np.ndarray], store: dict[int, tuple[np.ndarray, np.ndarray]],
+             ratio: float) -> dict[int, str]:
+    """Position in ``new`` (images) -> why, for the sets over ``ratio`` x the lower median size
+    of the ``store``'s sets and the new ones."""
+    sizes = [set_size(images) for images in new]
+    median = guard.lower_median(sizes + [set_size(images) for images, _ in store.values()])
+    return {k: f"its condensed set's largest image norm {size:.3g} is over "
+               f"max_peer_ratio={ratio:g} x the median {median:.3g} of the sets known"
+            for k, size in enumerate(sizes) if not size <= ratio * median}

@@ -1,0 +1,168 @@
+"""The half of DCFL's settings its clients read: how they condense their data and how they
+train on condensed images. The DCFL strategy's settings extend these (one ``strategy``
+section, checked whole on the server); a client reads only these fields of it.
+
+Defaults are CPU-friendly (DM with 200 iterations takes seconds per client with the MLP);
+the DM/DC/DSA authors' paper-grade settings are in docs/algorithms.md (DCFL).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+import numpy as np
+from pydantic import Field, field_validator, model_validator
+
+from driftfl.common.augment import DEFAULT_TRANSFORMS, parse_transforms
+from driftfl.common.errors import ConfigError
+from driftfl.common.settings import MANY, Settings, validated
+
+if TYPE_CHECKING:  # flwr is not needed to condense (benchmarks run it where flwr is not)
+    from flwr.app import ArrayRecord
+
+
+class CondensationSettings(Settings):
+    condensation: Literal["dm", "dc", "dsa"] = "dm"  # distribution / gradient matching (+DSA)
+    # where the synthetic images start: N(0, 1) noise, or real images (the DM/DC authors'
+    # default, which ships near-copies of them at a few hundred iterations)
+    condense_init: Literal["noise", "real"] = "noise"
+    condense_dp: bool = False  # DP-DM: clipped, noised real embeddings (dm from noise only)
+    # C, each real embedding's norm bound; null: the median embedding norm of N(0, 1) images
+    # under fresh networks of the model, from a public seed (no client's data)
+    condense_dp_clip: float | None = Field(None, gt=0)
+    condense_dp_noise: float | None = Field(None, gt=0)  # sigma, the noise multiplier, or ...
+    condense_dp_epsilon: float | None = Field(None, gt=0)  # ... the epsilon each class's sigma meets
+    condense_dp_delta: float = Field(1e-5, gt=0, lt=1)  # delta of the (epsilon, delta) guarantee
+    ipc: int = Field(10, ge=1, le=MANY)  # condensed images per class the client holds
+    condense_iterations: int = Field(200, ge=1, le=MANY)  # paper-grade: DM 20,000, DC/DSA 1,000
+    condense_lr: float = Field(1.0, gt=0)  # SGD on the pixels; the authors: DM 1.0, DC/DSA 0.1
+    condense_batch: int = Field(256, ge=1, le=MANY)  # real images per class per iteration
+    dc_outer_loop: int = Field(10, ge=1, le=MANY)  # dc/dsa: matching steps per iteration
+    # dc/dsa: network steps on the synthetic set between matching steps
+    dc_inner_loop: int = Field(50, ge=0, le=MANY)
+    dc_net_lr: float = Field(0.01, gt=0)  # dc/dsa: that network's learning rate
+    dsa: bool = True  # DSA on the local and the condensed training batches
+    dsa_transforms: str = DEFAULT_TRANSFORMS  # DSA's transforms; digits: drop flip
+    finetune_epochs: int = Field(1, ge=0, le=MANY)  # E_s: epochs on the received condensed images
+    finetune_lr: float = Field(0.001, gt=0)  # eta_s (< lr, which is eta_c)
+    finetune_batch_size: int = Field(32, ge=1, le=MANY)  # B_s
+    condensed_use: Literal["finetune", "mix"] = "finetune"  # mix: one stage on local + received
+
+    @model_validator(mode="after")
+    def _private_condensation(self):
+        if not self.condense_dp:
+            return self
+        if self.condensation != "dm" or self.condense_init != "noise":
+            raise ValueError("condense_dp=true needs condensation=dm and condense_init=noise "
+                             "(real-image initialisation ships the images themselves)")
+        if (self.condense_dp_noise is None) == (self.condense_dp_epsilon is None):
+            raise ValueError("condense_dp=true needs exactly one of condense_dp_noise (sigma) "
+                             "and condense_dp_epsilon (a target epsilon)")
+        return self
+
+    @field_validator("dsa_transforms")
+    @classmethod
+    def _known_transforms(cls, value: str) -> str:
+        try:
+            parse_transforms(value)
+        except ConfigError as err:
+            raise ValueError(str(err)) from None
+        return value
+
+
+def condensation_settings(section: Mapping[str, Any]) -> CondensationSettings:
+    """These fields of an experiment's ``strategy`` section (the rest is the server's)."""
+    fields = CondensationSettings.model_fields
+    return validated(CondensationSettings, {k: v for k, v in section.items() if k in fields},
+                     "strategy.")
+
+
+@dataclass(frozen=True)
+class PrivacyPlan:
+    """DP-DM on one client: per held class c, the Poisson sampling rate q_c of its real images
+    per iteration (condense_batch / n_c, at most 1), the noise multiplier sigma_c, and the
+    epsilon at ``delta`` of all iterations. The class counts n_c are public (the data survey
+    discloses them; the rates and the denominator q_c n_c use them), so neighbouring datasets
+    keep them: one image replaced by another of its class, accounted by dp-accounting's PLD
+    accountant under replace-one. A replacement keeps the label, so it touches one class's
+    mechanism only: the classes compose in parallel and the client's epsilon is its worst
+    class's. ``default_clip``: ``clip`` is the noise-derived default, not a setting."""
+
+    clip: float | None
+    delta: float
+    iterations: int
+    rates: dict[int, float]
+    noise: dict[int, float]
+    epsilons: dict[int, float]
+    default_clip: bool = False
+
+    @property
+    def epsilon(self) -> float:
+        return max(self.epsilons.values(), default=0.0)
+
+    def line(self) -> str:
+        sigmas = sorted(set(self.noise.values()))
+        sigma = (f"{sigmas[0]:.3g}" if len(sigmas) == 1
+                 else f"{sigmas[0]:.3g}-{sigmas[-1]:.3g} by class")
+        clip = ("unset" if self.clip is None else f"{self.clip:.4g}") + (
+            " (median norm of noise images under fresh networks)" if self.default_clip else "")
+        return (f"DP-DM (epsilon {self.epsilon:.3g}, delta {self.delta:g}, replace-one): "
+                f"{self.iterations} iterations, embeddings clipped to {clip}, noise "
+                f"multiplier {sigma}, sampling rates "
+                f"{min(self.rates.values()):.3g}-{max(self.rates.values()):.3g}")
+
+
+def privacy_plan(settings: CondensationSettings, class_counts: Sequence[int],
+                 default_clip: float | None = None) -> PrivacyPlan | None:
+    """The DP-DM plan for a client holding ``class_counts`` (None without condense_dp): sigma
+    as set, or the smallest that keeps each class within condense_dp_epsilon.
+    ``default_clip``: the clip when condense_dp_clip is null (the epsilon does not depend on
+    it; the server, which prints epsilons only, leaves it out)."""
+    if not settings.condense_dp:
+        return None
+    from driftfl.common.accounting import replace_one_epsilon, replace_one_noise_for_epsilon
+
+    s, rates, noise, epsilons = settings, {}, {}, {}
+    for c, n in enumerate(class_counts):
+        if n <= 0:
+            continue
+        rates[c] = min(1.0, s.condense_batch / n)
+        noise[c] = (s.condense_dp_noise if s.condense_dp_noise is not None else
+                    replace_one_noise_for_epsilon(rates[c], s.condense_iterations,
+                                                  s.condense_dp_epsilon, s.condense_dp_delta))
+        epsilons[c] = replace_one_epsilon(rates[c], noise[c], s.condense_iterations,
+                                          s.condense_dp_delta)
+    clip = s.condense_dp_clip if s.condense_dp_clip is not None else default_clip
+    return PrivacyPlan(clip, s.condense_dp_delta, s.condense_iterations, rates, noise,
+                       epsilons, default_clip=s.condense_dp_clip is None)
+
+
+PIXEL_BOUND = 1e4  # condensed pixels (normalised images) beyond this are not images
+
+
+def read_condensed(record: ArrayRecord, shape: tuple[int, ...], num_classes: int,
+                   ipc: int | None = None) -> tuple[np.ndarray, np.ndarray] | str:
+    """(images, labels) of a ``condensed`` record, or why it cannot be used: the server checks
+    a client's set with it, a client the images a server sent. ``ipc``: the most images of one
+    class (a client's own set; a server's holds many clients')."""
+    try:
+        images, labels = record["images"].numpy(), record["labels"].numpy()
+    except Exception as err:  # missing or unreadable arrays
+        return f"condensed set cannot be read: {err!r}"
+    n = len(labels) if labels.ndim == 1 else -1
+    if (images.dtype != np.float32 or labels.dtype != np.int64 or n < 1
+            or images.shape != (n, *shape)):
+        expected = ", ".join(map(str, shape))
+        return (f"condensed set is {images.dtype}{list(images.shape)} / "
+                f"{labels.dtype}{list(labels.shape)}, expected float32 [N, {expected}] / int64 [N]")
+    if not np.isfinite(images).all() or np.abs(images).max() > PIXEL_BOUND:
+        return "condensed images hold NaN/inf or out-of-range values"
+    if ((labels < 0) | (labels >= num_classes)).any():
+        return f"condensed labels outside 0..{num_classes - 1}"
+    per_class = np.bincount(labels, minlength=num_classes)
+    if ipc is not None and per_class.max() > ipc:
+        return (f"condensed set holds {per_class.max()} images of class "
+                f"{per_class.argmax()}, more than ipc = {ipc}")
+    return images, labels

@@ -1,0 +1,39 @@
+"""FedCAD's server: FedAvg, plus (with alpha_source=aux) E_{x|y}[phi] per class measured on the
+aux set, from which the clients derive their class weights alpha_y; with alpha_source=local
+the clients estimate it on their own data."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from flwr.app import Array, ArrayRecord
+
+from driftfl.common.protocol import CLASS_PHI
+
+from driftfl.strategies.methods.aux_set import AuxSet, AuxSetSettings
+from driftfl.strategies.base import DriftStrategy
+
+
+class FedCADSettings(AuxSetSettings):
+    alpha_source: Literal["local", "aux"] = "local"  # where E_{x|y}[phi] is estimated
+
+    def aux_set_per_class(self) -> int:
+        return self.aux_per_class if self.alpha_source == "aux" else 0
+
+
+class FedCAD(DriftStrategy):
+    Settings = FedCADSettings
+    provides = frozenset({CLASS_PHI})
+
+    def __init__(self, *, aux_set: AuxSet | None, **kwargs):
+        super().__init__(**kwargs)
+        self.aux_set = aux_set  # None: the clients estimate E_{x|y}[phi] themselves
+
+    @classmethod
+    def arguments(cls, settings, *, model, aux_set, **_):
+        return {"aux_set": aux_set}
+
+    def knowledge(self, server_round: int) -> dict:
+        if self.aux_set is None:
+            return {}
+        return {CLASS_PHI: ArrayRecord({"phi": Array(self.aux_set.class_phi(self.global_arrays))})}

@@ -1,0 +1,134 @@
+"""What one reply may do to the server's state, measured against its peers and the state itself.
+
+The reply checks (``aggregation.check_reply``) bound each reply alone; a hostile client inside
+those bounds can still send a payload many times larger than any honest client's. Two rules
+close that, for the model update and for every payload that feeds strategy state (SCAFFOLD's
+Delta c, FedCurv's Fisher, prototypes, DCFL's pre-trained model):
+
+- **Peers.** A payload's norm may be at most ``max_peer_ratio`` times the round's *lower*
+  median of the same payload's norms (the smaller middle value: with two replies, the smaller
+  one), so while most replies are honest, one reply cannot outweigh them by size.
+- **State.** A new state replaces the old only when it is finite and has moved by at most
+  ``max_update_ratio`` times max(1, the old state's norm); otherwise the old state stays and the
+  refusal is logged and recorded like a rejected reply (``RoundReport.refused_state``).
+- **Weight.** In deployment, where nodes claim their example counts, a reply weighs as at most
+  ``max_examples_ratio`` times the median of the data survey's counts (``ReplyGuard.capped``).
+
+Screens against peers run only where the round's release allows clients to be compared (never
+under differential privacy: release/).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
+from logging import WARNING
+
+import numpy as np
+from flwr.supercore import log
+
+from driftfl.common.protocol import NUM_EXAMPLES
+
+from driftfl.strategies.parts.aggregation import ClientUpdate, model_norm, update_norm
+from driftfl.strategies.parts.clients import KnownClients
+
+
+def lower_median(values: Sequence[float]) -> float:
+    """The smaller middle value of the finite ``values``: the median for an odd count, the
+    lower of the two otherwise (NaN when none is finite)."""
+    ordered = sorted(v for v in values if math.isfinite(v))
+    return ordered[(len(ordered) - 1) // 2] if ordered else math.nan
+
+
+def peer_outliers(norms: Sequence[float], ratio: float) -> tuple[list[int], float]:
+    """(positions whose norm exceeds ``ratio`` x the lower median of ``norms``, that bound)."""
+    if not norms:
+        return [], math.inf
+    bound = ratio * lower_median(norms)
+    return [i for i, n in enumerate(norms) if not n <= bound], bound
+
+
+def state_problem(new: Mapping[str, np.ndarray], old: Mapping[str, np.ndarray] | None,
+                  ratio: float, floor: float = 0.0) -> str | None:
+    """Why ``new`` must not replace ``old`` (None: it may): a value not finite, or a move of more
+    than ``ratio`` x max(1, ||old||) (from zero when there is no old state yet), or than
+    ``floor`` where that is larger (what differential privacy's noise may add)."""
+    for key, value in new.items():
+        if value.dtype.kind == "f" and not np.isfinite(value).all():
+            return f"'{key}' would hold NaN or infinite values"
+    base = old if old is not None else {k: np.zeros_like(v) for k, v in new.items()}
+    moved, bound = update_norm(new, base), max(ratio * max(1.0, model_norm(base)), floor)
+    if not moved <= bound:
+        return f"it would move by {moved:.3g}, over the bound {bound:.3g} (max_update_ratio)"
+    return None
+
+
+class ReplyGuard:
+    """These rules as a strategy applies them: a part of every strategy (``DriftStrategy.guard``),
+    with the bounds the experiment sets and the ``clients`` whose replies it names and caps."""
+
+    def __init__(self, *, max_peer_ratio: float, max_update_ratio: float,
+                 max_examples_ratio: float, clients: KnownClients) -> None:
+        self.max_peer_ratio = max_peer_ratio
+        self.max_update_ratio = max_update_ratio
+        self.max_examples_ratio = max_examples_ratio
+        self.clients = clients
+
+    def refuse_reply(self, report, node: int, reason: str) -> None:
+        """Log and record (in the round's ``report``) that a node's reply is not used."""
+        report.rejected.append(f"{self.clients.describe(node)}: {reason}")
+        report.rejected_partitions.append(self.clients.name(node))
+        log(WARNING, "round reply from %s rejected: %s", self.clients.describe(node), reason)
+
+    def peer_screen(self, report, updates: list[ClientUpdate], what: str,
+                    size: Callable[[ClientUpdate], float], power: int = 1
+                    ) -> list[ClientUpdate]:
+        """The updates whose ``what`` (its norm, ``size``) is within ``max_peer_ratio`` (to the
+        ``power``: 2 for a payload quadratic in the gradients) x the round's lower median of the
+        same; the others are rejected like a failed check."""
+        sizes = [size(u) for u in updates]
+        ratio = self.max_peer_ratio ** power
+        outliers, bound = peer_outliers(sizes, ratio)
+        for i in outliers:
+            self.refuse_reply(
+                report, updates[i].node_id,
+                f"its {what}'s norm {sizes[i]:.3g} is over {self.ratio_text(power)}"
+                f" x the round's median {bound / ratio:.3g}")
+        return [u for i, u in enumerate(updates) if i not in outliers]
+
+    def ratio_text(self, power: int = 1) -> str:
+        return f"max_peer_ratio={self.max_peer_ratio:g}" + (f"^{power}" if power != 1 else "")
+
+    def refuse_state(self, report, server_round: int, what: str, reason: str) -> None:
+        """Log and record that ``what`` (a piece of strategy state) keeps its old value."""
+        log(WARNING, "round %d: the update of %s refused: %s; it stays as it was", server_round,
+            what, reason)
+        report.refused_state.append(f"{what}: {reason}")
+
+    def state_problem(self, new: dict[str, np.ndarray],
+                      old: dict[str, np.ndarray] | None, floor: float = 0.0) -> str | None:
+        """Why a new strategy state must not replace ``old`` (guard.state_problem)."""
+        return state_problem(new, old, self.max_update_ratio, floor)
+
+    def weight_cap(self) -> float:
+        """The most examples a reply weighs as: max_examples_ratio x the median of the data
+        survey's counts (inf before a survey or without a cap)."""
+        surveyed = self.clients.surveyed
+        if not surveyed or math.isinf(self.max_examples_ratio):
+            return math.inf
+        return self.max_examples_ratio * float(np.median(list(surveyed.values())))
+
+    def capped(self, updates: list[ClientUpdate]) -> list[ClientUpdate]:
+        """The updates with num-examples at most ``weight_cap``: every weight (FedAvg's,
+        FedNova's, FedDisco's, Krum's, the metrics' means) is formed from it."""
+        cap, out = self.weight_cap(), []
+        for update in updates:
+            if update.num_examples > cap:
+                log(WARNING, "round reply from %s weighs as %.12g examples, not its %.12g "
+                    "(max_examples_ratio=%g x the survey's median count)",
+                    self.clients.describe(update.node_id), cap, update.num_examples,
+                    self.max_examples_ratio)
+                update = replace(update, metrics={**update.metrics, NUM_EXAMPLES: cap})
+            out.append(update)
+        return out
