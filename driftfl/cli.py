@@ -40,7 +40,7 @@ commands:
                       overrides it ran with)
   run superlink=NAME [overrides]
                       run on a deployed federation instead: NAME is a SuperLink connection
-                      in ~/.flwr/config.toml (README, Deployment)
+                      in ~/.flwr/config.toml (docs/deployment.md)
   report DIR...       mean ± std tables and accuracy plots over many runs, e.g.
                       driftfl report multirun/2026-11-22/10-00-00 --target fedavg
   split DIR [overrides]

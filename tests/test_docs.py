@@ -1,6 +1,6 @@
-"""The docs stay true: the README's two commands, every config option in the README, every
-method's settings and defaults in docs/algorithms.md, the guides' code complete and the model
-guide's example working."""
+"""The docs stay true: the README's two commands, a front page, every method in the README,
+every config option in docs/running.md, every method's settings and defaults in
+docs/algorithms.md, the guides' code complete and the model guide's example working."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from driftfl.common.models import build_model, registered_models
 from driftfl.common.training import CrossEntropy, TrainSettings, train_locally
 
 README = (REPO / "README.md").read_text()
+RUNNING = (REPO / "docs" / "running.md").read_text()
 
 
 def first_code_block() -> list[str]:
@@ -36,10 +37,19 @@ def test_readme_opens_with_setup_then_main_job_then_setup_then_tests():
     assert ci == tests  # CI runs exactly the README's test command
 
 
-def test_every_config_option_is_in_the_readme():
+def test_every_method_is_in_the_readme_and_every_config_option_in_running_md():
+    for option in (REPO / "conf" / "strategy").glob("*.yaml"):
+        assert f"| `{option.stem}` |" in README, f"strategy={option.stem} is not in the README"
     for group in ("strategy", "aggregation", "selection", "dataset", "partition", "model"):
         for option in (REPO / "conf" / group).glob("*.yaml"):
-            assert f"`{option.stem}`" in README, f"{group}={option.stem} is not documented"
+            assert f"`{option.stem}`" in RUNNING, f"{group}={option.stem} is not documented"
+
+
+def test_the_readme_is_a_front_page_and_its_links_lead_somewhere():
+    assert len(README.splitlines()) < 250
+    for link in re.findall(r"\]\(([^)#:]+)[^)]*\)", README):
+        assert (REPO / link).exists(), link
+    assert "FAST_TIER" not in README and "FULL_SUITE" not in README
 
 
 def _shown(value) -> str:

@@ -54,7 +54,7 @@ def read_owners(path: Path, num_partitions: int | None = None) -> dict[int, Owne
         data = json.loads(Path(path).read_text())
     except FileNotFoundError:
         raise ConfigError(f"{where} does not exist; `driftfl secure register` writes it beside "
-                          "the keys (README, Deployment), or leave owners out") from None
+                          "the keys (docs/deployment.md), or leave owners out") from None
     except (OSError, ValueError) as err:
         raise ConfigError(f"{where} cannot be read as JSON ({err}); write it again with "
                           "`driftfl secure register`") from None

@@ -9,7 +9,7 @@ from pathlib import Path
 from driftfl.common.errors import ConfigError
 
 DESCRIPTION = """\
-A secure deployment, step by step (README, Deployment):
+A secure deployment, step by step (docs/deployment.md):
   1. driftfl secure init DIR --name <the SuperLink's host name or address> --nodes N
   2. flower-superlink on 127.0.0.1:9091 with DIR's certificate and --enable-supernode-auth
   3. driftfl secure connect <connection> --address 127.0.0.1:9091 --root-certificates DIR/ca.crt

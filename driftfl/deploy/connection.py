@@ -49,7 +49,7 @@ def _connections(path: Path) -> dict:
 
 def _how_to_add(name: str) -> str:
     return (f"add it with driftfl secure connect {name} --address HOST:PORT "
-            "--root-certificates ca.crt (or --insecure; README, Deployment)")
+            "--root-certificates ca.crt (or --insecure; docs/deployment.md)")
 
 
 def require_connection(name: str) -> None:

@@ -20,6 +20,8 @@ from driftfl.server.app import run_experiment
 from driftfl.server.experiment import prepare_experiment
 from test_methods import TINY, InProcessGrid
 
+pytestmark = pytest.mark.slow  # every method stopped and resumed
+
 # a client keeps state of its own between rounds in these (SCAFFOLD's c_k, FedDyn's gradient,
 # MOON's previous model): a resumed run starts it again, so they cannot match bit for bit
 CLIENT_STATE = {"scaffold", "feddyn", "moon"}

@@ -10,6 +10,8 @@ import pytest
 
 from conftest import driftfl_bin
 
+pytestmark = pytest.mark.slow  # the command line, each case a real `driftfl` process
+
 
 def driftfl(*args, cwd):
     return subprocess.run([driftfl_bin(), *args], cwd=cwd, capture_output=True, text=True,
@@ -190,7 +192,7 @@ def test_a_federation_flwr_does_not_know_is_refused_listing_the_ones_it_does(tmp
         f"driftfl: error: superlink=fedration: {home / 'config.toml'} has no "
         "[superlink.fedration] connection (valid: federation, local); add it with driftfl "
         "secure connect fedration --address HOST:PORT --root-certificates ca.crt (or "
-        "--insecure; README, Deployment)")
+        "--insecure; docs/deployment.md)")
     assert not (tmp_path / "new").exists()
 
 

@@ -12,6 +12,8 @@ import pytest
 from driftfl.privacy_audit import (Audit, ceiling, clopper_pearson_upper, epsilon_lower_bound,
                                    observe, run)
 
+pytestmark = pytest.mark.slow  # thousands of audited releases
+
 
 def name(value) -> str | None:
     """A test id: the audit's mode, fault and rounds (None: pytest's own)."""

@@ -14,6 +14,8 @@ from conftest import driftfl_bin
 from driftfl.common.leakage import (THRESHOLD, Leakage, channels_last, measure, nearest_real,
                                     plot_pairs, summarise, to_pixels)
 
+pytestmark = pytest.mark.slow  # audits over real condensed sets
+
 
 def images(n: int, seed: int = 0, shape=(28, 28)) -> np.ndarray:
     """Smooth random uint8 images (blobs, not white noise), like real ones in that pixels

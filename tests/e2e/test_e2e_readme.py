@@ -1,7 +1,8 @@
-"""README.md as a new user follows it: every command block of Running experiments (with its
-sweeps and reports), Stopping and resuming a run, and Deployment (the secure path and "On one
-machine"), read from the README itself and run in order from a fresh HOME (see readme_walk.py
-for the only changes made: fewer rounds, a data subset, 127.0.0.1 for the example hosts)."""
+"""README.md and the pages it sends a new user to, followed as that user would: the README's
+first experiment, every command block of docs/running.md's opening, sweeps and reports, and
+stopping and resuming, and docs/deployment.md's (the secure path and "On one machine"), read
+from the pages themselves and run in order from a fresh HOME (see readme_walk.py for the only
+changes made: fewer rounds, a data subset, 127.0.0.1 for the example hosts)."""
 
 from __future__ import annotations
 
@@ -22,6 +23,9 @@ from readme_walk import Walk, commands, paragraph_blocks, sections, smaller
 
 pytestmark = pytest.mark.e2e
 README = (REPO / "README.md").read_text()
+RUNNING = (REPO / "docs" / "running.md").read_text()
+DEPLOYMENT = (REPO / "docs" / "deployment.md").read_text()
+DEPLOYMENT_TITLE = DEPLOYMENT.splitlines()[0].lstrip("# ")
 
 
 @pytest.fixture
@@ -46,18 +50,25 @@ def completed(run_dir: Path) -> dict:
 
 
 def test_the_running_and_report_blocks_run_as_written(walk, fmnist_available):
-    found = sections(README)
+    first = sections(README)["A first experiment"]
+    for block in first:  # the README's run, sweep and report
+        walk.block(block)
+    [sweep] = [c for b in first for c in commands(b) if " -m " in c]
+    sweeps = sorted(p.parent for p in (walk.cwd / "sweeps" / "first").rglob("summary.json"))
+    assert len(sweeps) == jobs(sweep) and all(completed(run) for run in sweeps)
+    assert (walk.cwd / "sweeps" / "first" / "report.md").is_file()
+    found = sections(RUNNING)
     for block in found["Running experiments"]:
         walk.block(block)
     runs = sorted(p.parent for p in (walk.cwd / "outputs").rglob("summary.json"))
-    sweeps = sorted(p.parent for p in (walk.cwd / "multirun").rglob("summary.json"))
-    assert len(runs) == 1 and completed(runs[0])
+    assert len(runs) == 2 and all(completed(run) for run in runs)  # README's and this page's
     [sweep] = [c for b in found["Running experiments"] for c in commands(b) if " -m " in c]
+    sweeps = sorted(p.parent for p in (walk.cwd / "multirun").rglob("summary.json"))
     assert len(sweeps) == jobs(sweep) and all(completed(run) for run in sweeps)
     for block in found["Many runs: sweeps and reports"]:
         walk.block(block)
     for name in ("report.md", "report.csv", "report.png"):
-        assert (walk.cwd / "results" / "dir01" / name).is_file(), name
+        assert (walk.cwd / "sweeps" / "dir01" / name).is_file(), name
 
 
 def test_a_stopped_run_resumes_as_the_readme_says(walk, fmnist_available):
@@ -65,7 +76,7 @@ def test_a_stopped_run_resumes_as_the_readme_says(walk, fmnist_available):
     line; the README's command goes on and ends with the same bytes and rows as the run never
     stopped (clients finish in any order; the server averages in node order). Another setting
     is refused before anything is written."""
-    [block] = sections(README)["Stopping and resuming a run"]
+    [block] = sections(RUNNING)["Stopping and resuming a run"]
     [command] = commands(block)
     walk.rounds = 3
     resumed = re.search(r"resume=(\S+)", command).group(1)
@@ -109,7 +120,7 @@ def rounds_of(run_dir: Path) -> list[dict]:
 
 
 def test_the_secure_deployment_runs_as_written(walk, fmnist_available, nginx_installed):
-    blocks = sections(README)["Deployment"]
+    blocks = sections(DEPLOYMENT)[DEPLOYMENT_TITLE]
     operator, owner, train = blocks[0], blocks[1], blocks[2]
     walk.block(operator)
     for i in range(2):  # owner i, given ca.crt and node-<i>.key, runs the owner's command
@@ -128,7 +139,7 @@ def test_the_secure_deployment_runs_as_written(walk, fmnist_available, nginx_ins
 
 
 def test_the_deployment_on_one_machine_runs_as_written(walk, fmnist_available):
-    block = paragraph_blocks(README, "## Deployment", "**On one machine**")[0]
+    block = paragraph_blocks(DEPLOYMENT, f"# {DEPLOYMENT_TITLE}", "**On one machine**")[0]
     out = walk.block(block)[-1]
     assert "round   1/1" in out.stdout, out.stdout[-3000:]
     assert "Traceback" not in out.stdout + out.stderr

@@ -27,6 +27,8 @@ from driftfl.server.experiment import prepare_experiment
 from test_methods import InProcessGrid
 from test_resume import Stopped, StoppingGrid, nodes
 
+pytestmark = pytest.mark.slow  # tampered checkpoints refused by real `driftfl` processes
+
 # what the CLI runs with, and the in-process run that leaves a checkpoint after round 1 of 2
 SMALL = ["model=mlp", "dataset.subset=600", "dataset.test_subset=200", "rounds=2",
          "num_clients=2"]

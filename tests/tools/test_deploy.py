@@ -34,6 +34,8 @@ from driftfl.deploy import proxy
 from driftfl.deploy.credentials import certificate_names, make_credentials
 from driftfl.launch import free_port
 
+pytestmark = pytest.mark.slow  # real `driftfl secure`/`split` processes
+
 
 @pytest.fixture(scope="session")
 def nginx_installed():

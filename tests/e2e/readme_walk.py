@@ -1,5 +1,6 @@
-"""README.md's command blocks, read from the README itself, and a way to run them as a new user
-would: from a fresh HOME, in a fresh copy of the repository, one command after another.
+"""The command blocks of README.md and the pages it sends a new user to (docs/running.md,
+docs/deployment.md), read from the pages themselves, and a way to run them as a new user would:
+from a fresh HOME, in a fresh copy of the repository, one command after another.
 
 What the walk changes, and nothing else (the README's own settings, so a user could type the
 same):
@@ -29,17 +30,24 @@ from pathlib import Path
 from driftfl.launch import stop
 
 FENCE = re.compile(r"^```bash\n(.*?)^```", re.MULTILINE | re.DOTALL)
-HEADING = re.compile(r"^(#{2,4}) (.+)$", re.MULTILINE)
+HEADING = re.compile(r"^(#{1,4}) (.+)$", re.MULTILINE)
 HOSTS = {"fl.example.org": "127.0.0.1", "203.0.113.7": "127.0.0.1"}
 SERVERS = ("flower-superlink", "flower-supernode")
 SUBSET = "dataset.subset=2000 dataset.test_subset=500"
 PARALLEL_SWEEP = "hydra/launcher=joblib hydra.launcher.n_jobs=3"
 
 
+def headings(text: str) -> list[re.Match]:
+    """The page's headings, not a code block's comment lines that look like one."""
+    fences = [m.span() for m in FENCE.finditer(text)]
+    return [m for m in HEADING.finditer(text)
+            if not any(start <= m.start() < end for start, end in fences)]
+
+
 def sections(readme: str) -> dict[str, list[str]]:
     """Each heading's bash blocks (the text under it up to the next heading)."""
     found: dict[str, list[str]] = {}
-    marks = list(HEADING.finditer(readme)) + [None]
+    marks = headings(readme) + [None]
     for mark, after in zip(marks, marks[1:]):
         text = readme[mark.end():after.start() if after else len(readme)]
         found[mark.group(2).strip()] = [m.group(1) for m in FENCE.finditer(text)]
@@ -50,8 +58,8 @@ def paragraph_blocks(readme: str, heading: str, starts: str) -> list[str]:
     """The bash blocks under ``heading`` whose paragraph begins with ``starts`` (a section's
     blocks that follow a sentence such as "**On one machine**")."""
     text = readme[readme.index(f"{heading}\n"):]
-    following = HEADING.search(text, len(heading) + 1)
-    text = text[:following.start() if following else len(text)]
+    following = [m for m in headings(text) if m.start() > 0]
+    text = text[:following[0].start() if following else len(text)]
     text = text[text.index(starts):]
     return [m.group(1) for m in FENCE.finditer(text)]
 

@@ -9,11 +9,14 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 import torch
 
 from driftfl.client.objectives import OBJECTIVES
 
 from conftest import REPO
+
+pytestmark = pytest.mark.slow  # the GPU check script, run CPU against CPU
 
 SCRIPT = REPO / "scripts" / "gpu_check.py"
 
