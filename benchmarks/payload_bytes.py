@@ -1,6 +1,6 @@
 """What each method's clients send, measured: every method (conf/strategy) and its notable
 variants run the data survey and 2 rounds in this process (each node a ClientApp call with its
-own context, as in tests/test_methods.py; every client also evaluates) on real Fashion-MNIST, IID so that every client holds
+own context, as in tests/strategies/test_methods.py; every client also evaluates) on real Fashion-MNIST, IID so that every client holds
 every class (the largest per-class payloads), and every reply's records are counted with
 Flower's ``count_bytes``, as a run's MeteredGrid counts them (driftfl/server/traffic.py).
 
@@ -61,7 +61,7 @@ CASES = {  # every method, and the variants that send something else
 
 
 class RecordingGrid(InProcessGrid):
-    """tests/test_methods.py's in-process grid (each node a ClientApp call with its own
+    """tests/strategies/test_methods.py's in-process grid (each node a ClientApp call with its own
     Context); ``seen`` keeps, per (message type, record), the largest reply record and what it
     holds. An error reply stops the case."""
 
