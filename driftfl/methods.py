@@ -1,4 +1,5 @@
-"""Every method driftfl offers, by the name ``strategy=`` takes: one line each in METHODS.
+"""Every method driftfl offers, by the name ``strategy=`` takes (METHODS: each strategy
+registers itself, driftfl/strategies/registry.py), checked and built from an experiment.
 
 A method binds a server strategy (driftfl.strategies) to the local objective its clients run
 by default (driftfl.client.objectives), plus its YAML under conf/strategy/. Its settings, the
@@ -11,52 +12,24 @@ See docs/adding-a-method.md.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
 from pydantic import create_model
 
+import driftfl.dcfl.strategy  # noqa: F401  (DCFL registers itself)
+import driftfl.strategies.methods  # noqa: F401  (every method's module, each registering itself)
 from driftfl.client.objectives import OBJECTIVES
 from driftfl.common.config import ExperimentConfig, experiment_config
 from driftfl.common.errors import ConfigError, lookup
 from driftfl.common.settings import Named, Settings, validated
 from driftfl.rules import SPEC, check_parts
-from driftfl.strategies import (AGGREGATIONS, SELECTIONS, DriftStrategy, FedAvg, FedAvgM, FedCAD,
-                                FedCSD, FedCurv, FedDyn, FedGKD, FedProto, FedProx, FedSSD,
-                                Scaffold)
-from driftfl.dcfl.strategy import DCFL
+from driftfl.strategies import AGGREGATIONS, SELECTIONS, DriftStrategy
 from driftfl.strategies.methods.aux_set import AuxSet
+from driftfl.strategies.registry import METHODS, Method
 
-
-@dataclass(frozen=True)
-class Method:
-    strategy: type[DriftStrategy]  # the server side
-    objective: str  # the clients' local objective unless strategy.objective says otherwise
-    # the server's update holds only for clients that train with this objective (SCAFFOLD's
-    # control variates, FedDyn's linear term): strategy.objective cannot change it
-    objective_fixed: bool = False
-
-
-METHODS: dict[str, Method] = {
-    "fedavg": Method(FedAvg, "ce"),
-    "fedprox": Method(FedProx, "prox"),
-    "fedavgm": Method(FedAvgM, "ce"),
-    "fednova": Method(FedAvg, "ce"),  # its yaml chooses aggregation=fednova
-    "fedcsd": Method(FedCSD, "csd"),
-    "fedlsd": Method(FedAvg, "lsd"),
-    "fedntd": Method(FedAvg, "ntd"),
-    "fedgkd": Method(FedGKD, "gkd"),
-    "moon": Method(FedAvg, "moon"),
-    "fedproto": Method(FedProto, "proto"),
-    "fedssd": Method(FedSSD, "ssd"),
-    "fedcad": Method(FedCAD, "cad"),
-    "feddisco": Method(FedAvg, "ce"),  # its yaml chooses aggregation=feddisco
-    "dcfl": Method(DCFL, "ce"),  # its yaml chooses selection=cka
-    "scaffold": Method(Scaffold, "scaffold", objective_fixed=True),
-    "feddyn": Method(FedDyn, "dyn", objective_fixed=True),
-    "fedcurv": Method(FedCurv, "curv"),
-}
+__all__ = ["METHODS", "Method", "build_strategy", "check_experiment", "method_schema",
+           "method_settings"]
 
 
 class MethodHeader(Named):

@@ -84,6 +84,7 @@ class RoundLog:
 
 
 class DCFL(DriftStrategy):
+    method = "dcfl"
     Settings = DCFLSettings
     unprotected = "its clients' condensed images and classifier heads"
     step_budget = "a step budget over DCFL's two training stages is not defined"

@@ -58,6 +58,7 @@ from driftfl.strategies.parts import AGGREGATIONS, SELECTIONS
 from driftfl.strategies.parts.release import (Release, Released, RoundFacts, SecureSum,
                                               build_release)
 from driftfl.strategies.parts.round_plan import RoundPlan
+from driftfl.strategies.registry import Method, register
 from driftfl.strategies.round_report import RoundReport
 from driftfl.strategies.parts.selection import ExploredClients, Selection
 from driftfl.strategies.settings import StrategySettings
@@ -69,6 +70,14 @@ if TYPE_CHECKING:
 class DriftStrategy(FedAvg):
     """Flower's FedAvg message flow with driftfl's round (above) and parts."""
 
+    # the name ``strategy=`` takes (setting it registers the class: registry.py), the objective
+    # its clients run unless strategy.objective says otherwise, and whether the server's update
+    # holds only with that objective; ``variants``: other methods that are this server with
+    # another objective, by name
+    method: ClassVar[str] = ""
+    default_objective: ClassVar[str] = "ce"
+    objective_fixed: ClassVar[bool] = False
+    variants: ClassVar[dict[str, str]] = {}
     Settings: ClassVar[type[StrategySettings]] = StrategySettings
     provides: ClassVar[frozenset[str]] = frozenset()  # records and config keys sent to clients
     # the row columns ``server_metrics`` may write: a client metric of the same name is left
@@ -86,6 +95,13 @@ class DriftStrategy(FedAvg):
     # why a straggler's step budget (heterogeneity=stragglers) means nothing for this method
     # ("": it does; driftfl.rules refuses the pair otherwise)
     step_budget: ClassVar[str] = ""
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if "method" in cls.__dict__:
+            register(cls.method, Method(cls, cls.default_objective, cls.objective_fixed))
+        for name, objective in cls.__dict__.get("variants", {}).items():
+            register(name, Method(cls, objective))
 
     def __init__(self, *, selection: Selection | None = None,
                  aggregation: Aggregation | None = None, objective: str = "ce",

@@ -229,3 +229,27 @@ def test_fedcsd_code_trains_without_any_prototype_exchange(fmnist_available, ser
     assert len(train) == len(grid.sent) == 2  # no query before training
     assert all(TEACHER in m.content and PROTOTYPES not in m.content for m in train)
     assert strategy.report.rejected == [] and strategy.report.clients == 2
+
+
+def test_a_strategy_that_names_a_method_registers_it_and_a_taken_name_is_refused():
+    """The registry is filled by the classes themselves (registry.py): a base such as
+    TeacherStrategy names no method and is not one; a second class under a taken name stops
+    at its definition rather than replacing the first."""
+    from driftfl.strategies import DriftStrategy, FedAvg
+    from driftfl.strategies.methods.teacher import TeacherStrategy
+
+    assert {m.strategy for m in METHODS.values()}.isdisjoint({DriftStrategy, TeacherStrategy})
+    assert {name for name, m in METHODS.items() if m.strategy is FedAvg} == {
+        "fedavg", *FedAvg.variants}
+
+    class FedTwin(FedAvg):
+        method = "fedtwin"
+        default_objective = "ntd"
+    try:
+        assert (METHODS["fedtwin"].strategy, METHODS["fedtwin"].objective) == (FedTwin, "ntd")
+        with pytest.raises(TypeError, match="two methods are named 'fedavg'"):
+            class Impostor(DriftStrategy):
+                method = "fedavg"
+        assert METHODS["fedavg"].strategy is FedAvg
+    finally:
+        del METHODS["fedtwin"]

@@ -15,7 +15,7 @@ from conftest import REPO
 from driftfl.client.objectives import OBJECTIVES
 from driftfl.common.config import compose
 from driftfl.common.protocol import DATASET_META, EXPERIMENT, METHOD, model_to_arrays
-from driftfl.methods import METHODS, Method, build_strategy
+from driftfl.methods import METHODS, build_strategy
 from driftfl.server.experiment import prepare_experiment
 from driftfl.server.secure import secure_train_round
 from driftfl.server.survey import survey_clients
@@ -39,10 +39,10 @@ def guide_module(marker: str) -> dict:
 
 @pytest.fixture(scope="module")
 def fedcentre():
-    """The guide's method, registered as its line in METHODS would register it."""
+    """The guide's method, registered by its own two classes as the guide writes them."""
     guide_module("class Centre(Objective)")  # registers the objective by its name
     strategy = guide_module("class FedCentre(DriftStrategy)")["FedCentre"]
-    METHODS["fedcentre"] = Method(strategy, "centre")
+    assert METHODS["fedcentre"].strategy is strategy and METHODS["fedcentre"].objective == "centre"
     yield strategy
     del METHODS["fedcentre"], OBJECTIVES["centre"]  # the repository's registries as they were
 

@@ -1,2 +1,11 @@
-"""The methods' server halves, one a file named after the method (and what two of them share:
-teacher.py, prototypes.py, aux_set.py); driftfl.methods binds each to its name and objective."""
+"""The methods' server halves, one a file named after the method (and what some of them share:
+teacher.py, prototypes.py, aux_set.py). Every module here is imported, and each strategy that
+sets ``method`` registers itself (registry.py): adding a method's strategy is adding a module."""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+
+for _module in pkgutil.iter_modules(__path__):
+    importlib.import_module(f"{__name__}.{_module.name}")

@@ -19,6 +19,8 @@ class FedAvgMSettings(StrategySettings):
 class FedAvgM(FlowerFirst, flwr_strategy.FedAvgM, DriftStrategy):
     """Flower's server momentum, applied to DriftStrategy's checked aggregate."""
 
+    method = "fedavgm"
+
     Settings = FedAvgMSettings
 
     @classmethod

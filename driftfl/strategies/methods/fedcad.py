@@ -22,6 +22,8 @@ class FedCADSettings(AuxSetSettings):
 
 
 class FedCAD(DriftStrategy):
+    method = "fedcad"
+    default_objective = "cad"
     Settings = FedCADSettings
     provides = frozenset({CLASS_PHI})
 

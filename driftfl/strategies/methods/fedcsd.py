@@ -95,6 +95,9 @@ class FedCSD(EMATeacher):
     """``source``: exchange, previous or local (the objective's ``prototypes`` setting: where
     P comes from); ``num_classes``: the rows of P_G."""
 
+    method = "fedcsd"
+    default_objective = "csd"
+
     Settings = FedCSDSettings
     provides = frozenset({TEACHER, PROTOTYPES})
     payload_record = PROTOTYPES  # with prototypes=previous

@@ -69,6 +69,9 @@ def check_fisher(record: ArrayRecord | None,
 class FedCurv(DriftStrategy):
     """``param_keys``: the model's trainable parameters (its other arrays are buffers)."""
 
+    method = "fedcurv"
+    default_objective = "curv"
+
     provides = frozenset({FISHER_PENALTY})
     payload_record = FISHER_DELTA  # under privacy or secagg
     payload_words = "FedCurv's Fisher term changes"

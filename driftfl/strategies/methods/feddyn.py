@@ -47,6 +47,10 @@ class FedDyn(DriftStrategy):
     """``param_keys``: the trainable parameters' names; ``num_clients``: K; ``alpha``: the
     clients' alpha."""
 
+    method = "feddyn"
+    default_objective = "dyn"
+    objective_fixed = True  # its server update assumes its clients' objective
+
     server_columns = frozenset({"server_h_norm"})
     unprotected = "its h, a running sum of every client's own unclipped model"
 

@@ -20,6 +20,9 @@ class FedGKD(TeacherStrategy):
     """Teacher = parameter average of the last ``buffer_size`` global models, the initial one
     included; round 1 sends none (its teacher would be the untrained initial model)."""
 
+    method = "fedgkd"
+    default_objective = "gkd"
+
     Settings = FedGKDSettings
 
     def __init__(self, *, buffer_size: int, **kwargs):

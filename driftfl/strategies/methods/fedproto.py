@@ -72,6 +72,9 @@ class FedProto(DriftStrategy):
     """``num_classes``, ``feature_dim``: the prototypes are (C, d), d the head's input;
     ``by_counts``: P_G,c weighted by the holders' counts of c (False: a plain mean)."""
 
+    method = "fedproto"
+    default_objective = "proto"
+
     Settings = FedProtoSettings
     server_columns = frozenset({"prototype_classes"})
     payload_record = FEATURE_PROTOTYPES

@@ -14,6 +14,9 @@ class FedProx(FlowerFirst, flwr_strategy.FedProx, DriftStrategy):
     """Flower's FedProx: sends the ``prox`` objective's mu as ``proximal-mu``; the clients'
     ``prox`` objective adds the proximal term with it."""
 
+    method = "fedprox"
+    default_objective = "prox"
+
     provides = frozenset({PROXIMAL_MU})
 
     @classmethod

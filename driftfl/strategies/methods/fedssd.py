@@ -13,6 +13,8 @@ from driftfl.strategies.base import DriftStrategy
 
 
 class FedSSD(DriftStrategy):
+    method = "fedssd"
+    default_objective = "ssd"
     Settings = AuxSetSettings
     provides = frozenset({CREDIBILITY})
     server_columns = frozenset({"credibility_diag_mean"})

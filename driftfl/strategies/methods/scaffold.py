@@ -87,6 +87,10 @@ class Scaffold(DriftStrategy):
     """``param_keys``: the trainable parameters' names; ``num_clients``: K; ``lr``,
     ``momentum``: the clients' SGD; ``divisor``: the clients' a_k (effective or steps)."""
 
+    method = "scaffold"
+    default_objective = "scaffold"
+    objective_fixed = True  # its server update assumes its clients' objective
+
     server_columns = frozenset({"server_control_norm"})
 
     provides = frozenset({CONTROL})
