@@ -39,7 +39,7 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
-from flwr.common.constant import SUPERLINK_NODE_ID, ErrorCode
+from flwr.common.constant import SUPERLINK_NODE_ID
 from flwr.supercore import log
 from torch import nn
 
@@ -59,7 +59,7 @@ from driftfl.strategies.parts.release import (Release, Released, RoundFacts, Sec
                                               build_release)
 from driftfl.strategies.parts.round_plan import RoundPlan
 from driftfl.strategies.registry import Method, register
-from driftfl.strategies.round_report import RoundReport
+from driftfl.strategies.round_report import RoundReport, lost_to_superlink
 from driftfl.strategies.parts.selection import ExploredClients, Selection
 from driftfl.strategies.settings import StrategySettings
 
@@ -313,16 +313,11 @@ class DriftStrategy(FedAvg):
         checked as SecAgg+ collected them: only their metrics are in the clear."""
         secure = replies if isinstance(replies, SecureSum) else None
         replies = [] if secure is not None else list(replies)
-        report = RoundReport()
         answered = (secure.answered if secure is not None
                     else {msg.metadata.src_node_id for msg in replies})
-        report.silent = [n for n in self.trained if n not in answered]
-        gone = self.unavailable(replies, report.silent)
-        report.lost_nodes = [n for n in report.silent if n in gone]
-        report.lost = [self.clients.name(n) for n in report.lost_nodes]
-        report.late = [self.clients.name(n) for n in report.silent if n not in gone]
-        report.dropped = [self.clients.name(n) for n in self.plan.dropped]
-        self.report = report
+        self.report = report = RoundReport.of_round(
+            self.trained, answered, lost_to_superlink(replies, self.train_messages),
+            self.plan.dropped, self.clients.name)
         if secure is not None:
             for node, reason in sorted(secure.rejected.items(),
                                        key=lambda item: self.clients.rank(item[0])):
@@ -358,17 +353,6 @@ class DriftStrategy(FedAvg):
             else:
                 updates.append(checked)
         return updates
-
-    def unavailable(self, replies: list[Message], silent: list[int]) -> set[int]:
-        """Of the nodes that sent no reply (``silent``), those the SuperLink reported
-        unavailable: its error reply answers the message sent to the node. (Whether the others
-        are still connected is the federation's to settle.)"""
-        sent_to = {m.metadata.message_id: m.metadata.dst_node_id for m in self.train_messages
-                   if m.metadata.message_id}
-        gone = {sent_to.get(msg.metadata.reply_to_message_id) for msg in replies
-                if msg.has_error() and msg.metadata.src_node_id == SUPERLINK_NODE_ID
-                and msg.error.code == ErrorCode.NODE_UNAVAILABLE}
-        return gone & set(silent)
 
     def screen(self, updates: list[ClientUpdate]) -> list[ClientUpdate]:
         """A method's screens of its own payloads against the round's peers

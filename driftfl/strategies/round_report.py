@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+
+from flwr.app import Message
+from flwr.common.constant import SUPERLINK_NODE_ID, ErrorCode
 
 
 @dataclass
@@ -23,3 +27,27 @@ class RoundReport:
     refused_state: list[str] = field(default_factory=list)  # "<state>: reason", state kept
     train_metrics: dict[str, float] = field(default_factory=dict)
     evaluate_metrics: dict[str, float] = field(default_factory=dict)
+
+    @classmethod
+    def of_round(cls, trained: list[int], answered: set[int], gone: set[int],
+                 dropped: Iterable[int], name: Callable[[int], str]) -> RoundReport:
+        """A round's report as its replies come in: who was sent a train message and sent
+        nothing back (``silent``), of those the ``gone`` (lost) and the others (late), and
+        who heterogeneity dropped before training; ``name`` names a node."""
+        silent = [n for n in trained if n not in answered]
+        lost = [n for n in silent if n in gone]
+        return cls(silent=silent, lost_nodes=lost, lost=[name(n) for n in lost],
+                   late=[name(n) for n in silent if n not in gone],
+                   dropped=[name(n) for n in dropped])
+
+
+def lost_to_superlink(replies: list[Message], sent: list[Message]) -> set[int]:
+    """The nodes the SuperLink reported unavailable: its error reply answers the message
+    ``sent`` to the node. (Whether the other silent nodes are still connected is the
+    federation's to settle.)"""
+    sent_to = {m.metadata.message_id: m.metadata.dst_node_id for m in sent
+               if m.metadata.message_id}
+    return {sent_to[msg.metadata.reply_to_message_id] for msg in replies
+            if msg.has_error() and msg.metadata.src_node_id == SUPERLINK_NODE_ID
+            and msg.error.code == ErrorCode.NODE_UNAVAILABLE
+            and msg.metadata.reply_to_message_id in sent_to}
