@@ -7,15 +7,15 @@
 #
 # Each finished run's small files (config.yaml, meta.json with its commit, metrics.json,
 # metrics.csv, summary.json) are kept in the repository under
-# docs/results/all-methods/<partition>/<label>/seed<k>, and a run kept there is not run again:
+# results/all-methods/<partition>/<label>/seed<k>, and a run kept there is not run again:
 # the table can be stopped, committed and finished later, on another machine. Whole run
 # directories (model.pt, checkpoint.pt, plots) go to the output dir.
 #   bash benchmarks/all_methods_table.sh [output dir]
-#   driftfl report docs/results/all-methods --by partition.name,label --target fedavg
+#   driftfl report results/all-methods --by partition.name,label --target fedavg
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-$HOME/driftfl-results/all-methods}
-KEEP=docs/results/all-methods
+KEEP=results/all-methods
 DRIFTFL=.venv/bin/driftfl
 METHODS="fedavg fedprox fedavgm fednova feddisco scaffold feddyn moon fedproto fedcurv fedlsd
          fedntd fedgkd fedcsd fedcsd-code fedssd fedcad dcfl"

@@ -9,14 +9,14 @@
 # one seed at a time with both conditions, so that a table cut short still compares like with like.
 #
 # Each finished run's small files (config.yaml, meta.json, metrics.json, metrics.csv,
-# clients.csv, summary.json) are kept under docs/results/client-eval/<condition>/<label>/seed<k>;
+# clients.csv, summary.json) are kept under results/client-eval/<condition>/<label>/seed<k>;
 # a run kept there is not run again. Whole run directories go to the output dir.
 #   bash benchmarks/client_eval_table.sh [output dir]
-#   driftfl report docs/results/client-eval --by heterogeneity.name,label --target fedavg
+#   driftfl report results/client-eval --by heterogeneity.name,label --target fedavg
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-$HOME/driftfl-results/client-eval}
-KEEP=docs/results/client-eval
+KEEP=results/client-eval
 DRIFTFL=.venv/bin/driftfl
 export FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1
 for seed in 0 1 2; do

@@ -5,7 +5,7 @@ difference (condition − baseline) in central test accuracy: final, mean of the
 worst of the last 10, in points. (Per-client figures are left out: under dropout they cover
 only the clients that trained in the round, so a pair would compare different clients.)
 
-    .venv/bin/python benchmarks/condition_gap.py docs/results/client-eval \\
+    .venv/bin/python benchmarks/condition_gap.py results/client-eval \\
         --key heterogeneity.name --baseline none --condition dropout
 """
 

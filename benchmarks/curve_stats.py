@@ -3,8 +3,8 @@ round 10, mean of the last 5 rounds, worst of the last 10, largest change betwee
 One line per run, then one per group (by default: partition, method) with the mean ± std over
 its seeds; `--by` names the config keys that make a group, as `driftfl report --by` does.
 
-    .venv/bin/python benchmarks/curve_stats.py results/fedssd-table [more run or sweep dirs]
-    .venv/bin/python benchmarks/curve_stats.py docs/results/client-eval --by heterogeneity.name,label
+    .venv/bin/python benchmarks/curve_stats.py sweeps/fedssd-table [more run or sweep dirs]
+    .venv/bin/python benchmarks/curve_stats.py results/client-eval --by heterogeneity.name,label
 """
 
 from __future__ import annotations

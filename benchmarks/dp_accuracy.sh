@@ -14,15 +14,15 @@
 # 2: 6 runs more.
 #
 # Each finished run's small files (config.yaml, meta.json, metrics.json, metrics.csv,
-# summary.json) are kept under docs/results/dp-accuracy/<method>_<noise>/seed<k>; a run kept
+# summary.json) are kept under results/dp-accuracy/<method>_<noise>/seed<k>; a run kept
 # there is not run again. Whole run directories go to the output dir.
 #   bash benchmarks/dp_accuracy.sh [output dir] [jobs at a time, default 2]
-#   .venv/bin/python benchmarks/dp_table.py docs/results/dp-accuracy
+#   .venv/bin/python benchmarks/dp_table.py results/dp-accuracy
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-$HOME/driftfl-results/dp-accuracy}
 JOBS=${2:-2}
-export OUT KEEP=docs/results/dp-accuracy FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1
+export OUT KEEP=results/dp-accuracy FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1
 {
   for seed in 0 1 2; do for method in fedavg fedprox fedntd; do for noise in none 0.5 1.0 2.0; do
     echo "$method $noise $seed"

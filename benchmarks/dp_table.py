@@ -3,7 +3,7 @@ one row per method and noise multiplier, mean ± std over the seeds. Unlike `dri
 counts runs the noise made incomplete (rounds in which every reply diverged and the model
 stayed), since that is what the noise costs.
 
-    .venv/bin/python benchmarks/dp_table.py docs/results/dp-accuracy
+    .venv/bin/python benchmarks/dp_table.py results/dp-accuracy
 """
 
 from __future__ import annotations
@@ -45,4 +45,4 @@ def main(root: Path) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1] if len(sys.argv) > 1 else "docs/results/dp-accuracy"))
+    main(Path(sys.argv[1] if len(sys.argv) > 1 else "results/dp-accuracy"))

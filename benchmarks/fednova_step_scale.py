@@ -9,7 +9,7 @@ clients make S > 1: the global step is S times longer than an average of the cli
 Recomputed from each run's config.yaml (its partition, held-out split and drawn epochs), no
 training; prints S per round (median, min, max) and S with every client at `local_epochs`.
 
-    .venv/bin/python benchmarks/fednova_step_scale.py docs/results/fednova-setting/fednova/seed*
+    .venv/bin/python benchmarks/fednova_step_scale.py results/fednova-setting/fednova/seed*
 """
 
 from __future__ import annotations

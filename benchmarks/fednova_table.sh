@@ -7,14 +7,14 @@
 # 12 runs of about 2-5 minutes on 2 cores (3 epochs a round on average): about an hour.
 #
 # Each finished run's small files (config.yaml, meta.json, metrics.json, metrics.csv,
-# clients.csv, summary.json) are kept under docs/results/fednova-setting/<label>/seed<k>; a run
+# clients.csv, summary.json) are kept under results/fednova-setting/<label>/seed<k>; a run
 # kept there is not run again. Whole run directories go to the output dir.
 #   bash benchmarks/fednova_table.sh [output dir]
-#   driftfl report docs/results/fednova-setting --target fedavg
+#   driftfl report results/fednova-setting --target fedavg
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-$HOME/driftfl-results/fednova-setting}
-KEEP=docs/results/fednova-setting
+KEEP=results/fednova-setting
 DRIFTFL=.venv/bin/driftfl
 export FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1
 for seed in 0 1 2; do

@@ -33,7 +33,7 @@ Scores: per real image, PSNR and SSIM (11x11 Gaussian window, sigma 1.5) of its 
 on [0, 1] pixels; the floor is no attack at all, the mean training image. Each (model, setting,
 view, seed) scores --images target images; the table is the mean over seeds.
 
-    PYTHONPATH=. .venv/bin/python benchmarks/inversion.py --out docs/results/inversion \\
+    PYTHONPATH=. .venv/bin/python benchmarks/inversion.py --out results/inversion \\
         --checkpoints /tmp/driftfl-inversion-checkpoints
     # --models, --views, --seeds: comma lists; --iterations 3000 or lenet5=3000,cnn=600
 

@@ -52,6 +52,14 @@ def test_the_readme_is_a_front_page_and_its_links_lead_somewhere():
     assert "FAST_TIER" not in README and "FULL_SUITE" not in README
 
 
+@pytest.mark.parametrize("page", sorted(p.name for p in (REPO / "docs").glob("*.md")))
+def test_every_link_in_the_docs_leads_somewhere(page):
+    """The docs link the kept runs in the top-level results/ (../results/...), and each
+    other: a moved folder or page shows here."""
+    for link in re.findall(r"\]\((?!https?:)([^)#]+)[^)]*\)", (REPO / "docs" / page).read_text()):
+        assert (REPO / "docs" / link).resolve().exists(), f"{page}: {link}"
+
+
 def _shown(value) -> str:
     """A default as the docs' tables write it."""
     if value is None:
