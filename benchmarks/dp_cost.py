@@ -1,6 +1,8 @@
 """What differential privacy's own arithmetic costs a round, beside training: the server's
 clip-and-noise of m replies (privacy=central), one client's clip-and-noise share
-(privacy=distributed), and the accountant's epsilon, against one client's local epoch.
+(privacy=distributed), and the accountant's epsilon, against one client's local epoch. Measured
+as driftfl's processes run it, NumPy's BLAS on one thread (driftfl/common/blas.py), and the
+central release again with BLAS on every core (NumPy's default), side by side.
 
     PYTHONPATH=. .venv/bin/python benchmarks/dp_cost.py [--model cnn] [--clients 10 50]
 
@@ -13,11 +15,15 @@ import argparse
 import statistics
 import time
 
+import os
+
 import numpy as np
 from flwr.app import Array, ArrayRecord
+from threadpoolctl import threadpool_limits
 
 from driftfl.client.privacy import privatise
 from driftfl.common.accounting import released_epsilon
+from driftfl.common.blas import one_blas_thread
 from driftfl.common.config import compose
 from driftfl.common.models import build_model
 from driftfl.common.privacy import PrivacySettings
@@ -46,8 +52,9 @@ def main() -> None:
     d = sum(v.size for v in start.values() if v.dtype.kind == "f")
     rng = np.random.default_rng(0)
     print(f"model={args.model}: {d:,} float coordinates")
+    one_blas_thread()
     print(f"{'m':>4} {'FedAvg mean s':>14} {'central DP s':>13} {'ratio':>6}   "
-          f"{'client share s':>14} {'epsilon s':>10}")
+          f"{'client share s':>14} {'epsilon s':>10}   {'central DP, BLAS on all cores s':>31}")
     for m in args.clients:
         updates = [ClientUpdate(n, {k: (v + 0.01 * rng.standard_normal(v.shape)).astype(v.dtype)
                                     if v.dtype.kind == "f" else v for k, v in start.items()},
@@ -58,6 +65,8 @@ def main() -> None:
                                  per_round=m, rate=0.1)
         facts = RoundFacts(start, list(range(m)), {}, "", list(range(10 * m)))
         private = timed(lambda: central.release(1, facts, updates))
+        with threadpool_limits(limits=os.cpu_count(), user_api="blas"):
+            threaded = timed(lambda: central.release(1, facts, updates))
         received = ArrayRecord({k: Array(v) for k, v in start.items()})
         trained = ArrayRecord({k: Array(v) for k, v in updates[0].arrays.items()})
         share = timed(lambda: privatise(trained, received, PrivacySettings(name="distributed"),
@@ -66,7 +75,7 @@ def main() -> None:
         accounting = timed(lambda: (released_epsilon.cache_clear(),
                                     released_epsilon(((0.1, (1.0,)),) * 100, 1e-5)))
         print(f"{m:>4} {plain:>14.3f} {private:>13.3f} {private / plain:>6.2f}   "
-              f"{share:>14.3f} {accounting:>10.3f}")
+              f"{share:>14.3f} {accounting:>10.3f}   {threaded:>31.3f}")
 
 
 if __name__ == "__main__":

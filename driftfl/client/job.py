@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import torch
 from flwr.app import Context, Message
 
+from driftfl.common.blas import one_blas_thread
 from driftfl.common.config import ExperimentConfig
 from driftfl.common.models import DriftModel, build_model
 from driftfl.common.protocol import (ASSIGNED_PARTITION, CONFIG, DATASET_META, EXPERIMENT,
@@ -38,6 +39,7 @@ class ClientJob:
         meta = DatasetMeta.from_json(str(config[DATASET_META]))
         check_caps(msg, experiment, meta, allowed)  # before reading data or training
         # the thread count changes float sums: a simulated client's cores, or the operator's
+        one_blas_thread()  # NumPy's vector work (DP's clip and noise) gains nothing from more
         torch.set_num_threads(min(experiment.simulation.client_cpus, os.cpu_count() or 1)
                               if node.in_simulation() else allowed.threads)
         data = local_data(experiment, meta, allowed, simulation=node.in_simulation())

@@ -13,6 +13,7 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord
 from flwr.serverapp import Grid, ServerApp
 
+from driftfl.common.blas import one_blas_thread
 from driftfl.common import paths
 from driftfl.common.client_split import ACC_AFTER, ACC_BEFORE
 from driftfl.common.columns import column, forged_column
@@ -56,6 +57,7 @@ logging.getLogger("flwr").addFilter(_without_refusal_traceback)
 
 @app.main()
 def main(grid: Grid, context: Context) -> None:
+    one_blas_thread()
     run_dir = context.run_config.get("run-dir") or (
         paths.home() / "runs" / time.strftime("%Y-%m-%d") / time.strftime("%H-%M-%S"))
     try:
