@@ -1,7 +1,9 @@
 """The accuracy-against-epsilon table of benchmarks/dp_accuracy.sh, from the runs it keeps:
 one row per method and noise multiplier, mean ± std over the seeds. Unlike `driftfl report` it
-counts runs the noise made incomplete (rounds in which every reply diverged and the model
-stayed), since that is what the noise costs.
+counts what the noise made of the rounds: rounds that learnt nothing (no usable reply: under DP
+the release is then its noise alone; or a refused aggregate) and replies the server refused (a
+client whose training diverged from a noise-wrecked model sends NaN or an outsized update; under
+DP it counts as a zero update in the fixed-denominator mean).
 
     .venv/bin/python benchmarks/dp_table.py results/dp-accuracy
 """
@@ -28,10 +30,13 @@ def main(root: Path) -> None:
         rounds = json.loads((summary.parent / "metrics.json").read_text())["rounds"]
         rows[method, noise].append({"summary": json.loads(summary.read_text()),
                                     "accuracy": [r["test_accuracy"] for r in rounds],
-                                    "idle": sum(not r["model_updated"] for r in rounds[1:])})
+                                    "idle": sum(not (r["model_updated"] and r["clients"]) for r in rounds[1:]),
+                                    "refused": sum(r.get("rejected", 0) for r in rounds[1:]),
+                                    "replies": sum(r.get("rejected", 0) + r.get("clients", 0)
+                                                   for r in rounds[1:])})
     print("| method | noise multiplier | epsilon (delta 1e-5) | runs | final acc (%) | "
-          "last 5 rounds (%) | best (%) | rounds the model stayed |")
-    print("|---|---|---|---|---|---|---|---|")
+          "last 5 rounds (%) | best (%) | rounds that learnt nothing | replies refused |")
+    print("|---|---|---|---|---|---|---|---|---|")
     order = {"none": -1.0}
     for (method, noise), runs in sorted(rows.items(), key=lambda kv: (
             kv[0][0], order.get(kv[0][1], float(kv[0][1]) if kv[0][1] != "none" else -1))):
@@ -41,7 +46,13 @@ def main(root: Path) -> None:
               f"{spread([r['accuracy'][-1] for r in runs])} | "
               f"{spread([statistics.fmean(r['accuracy'][-5:]) for r in runs])} | "
               f"{spread([max(r['accuracy']) for r in runs])} | "
-              f"{sum(r['idle'] for r in runs)} of {sum(len(r['accuracy']) - 1 for r in runs)} |")
+              f"{sum(r['idle'] for r in runs)} of {sum(len(r['accuracy']) - 1 for r in runs)} | "
+              f"{refused_share(runs)} |")
+
+
+def refused_share(runs: list[dict]) -> str:
+    replies = sum(r["replies"] for r in runs)
+    return f"{100 * sum(r['refused'] for r in runs) / replies:.1f} %" if replies else "-"
 
 
 if __name__ == "__main__":

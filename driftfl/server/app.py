@@ -34,7 +34,7 @@ from .experiment import Experiment, prepare_experiment
 from .federation import Federation
 from .results import RunRecorder
 from .run_config import experiment_overrides
-from .outcome import run_status
+from .outcome import learned, run_status
 from .rounds import run_rounds
 from .secure import check_weights
 from .traffic import MeteredGrid
@@ -152,7 +152,7 @@ def run_experiment(grid: Grid, experiment: Experiment, run_dir: Path, run_id: in
                         connected=None if stopped else federation.connected_count(),
                         last_rejection=last[0] if last else "")
     summary = {**status, "rounds": cfg.rounds,
-               "rounds_without_usable_reply": sum(not r["model_updated"] for r in rows[1:]),
+               "rounds_without_usable_reply": sum(not learned(r) for r in rows[1:]),
                "final_accuracy": rows[-1]["test_accuracy"], "final_loss": rows[-1]["test_loss"],
                "best_accuracy": best["test_accuracy"], "best_round": best["round"],
                "seconds": recorder.seconds(),
@@ -207,8 +207,7 @@ class RoundEvaluator:
                     "train_seconds": eval_started - self.round_started if server_round else 0.0,
                     "eval_seconds": now - eval_started,
                     "clients": report.clients if report else 0,
-                    "model_updated": int(bool(report and report.clients
-                                              and not report.refused_aggregate)),
+                    "model_updated": int(bool(report and report.model_updated)),
                     "rejected": len(report.rejected) if report else 0,
                     "rejected_partitions": " ".join(report.rejected_partitions) if report else "",
                     "lost_partitions": " ".join(report.lost) if report else "",

@@ -70,8 +70,11 @@ def round_line(row: dict, rounds: int) -> str:
             text += f", late: partition(s) {row['late_partitions']}"
         if row.get("refused_state"):
             text += f", state kept ({row['refused_state']})"
-        if not row["model_updated"]:
-            text += "  |  no usable reply: the global model stays"
+        if not row["clients"]:
+            text += ("  |  no usable reply: the model moved by the release's noise alone"
+                     if row["model_updated"] else "  |  no usable reply: the global model stays")
+        elif not row["model_updated"]:
+            text += "  |  the aggregate was refused: the global model stays"
     if "epsilon" in row:  # differential privacy: spent so far, at the run's delta
         text += f"  |  epsilon {row['epsilon']:.3g}"
     return text

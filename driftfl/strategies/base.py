@@ -429,6 +429,7 @@ class DriftStrategy(FedAvg):
             self.report.refused_aggregate = refused
             return None, None
         self.last_aggregate = aggregate
+        self.report.model_updated = True
         return to_record(self.last_aggregate), MetricRecord(
             {k: v for k, v in metrics.items() if not isinstance(v, list)})
 

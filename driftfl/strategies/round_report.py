@@ -24,6 +24,9 @@ class RoundReport:
     late: list[str] = field(default_factory=list)  # the others: over round_timeout
     dropped: list[str] = field(default_factory=list)  # heterogeneity: dropped before training
     refused_aggregate: str = ""  # why the aggregate did not replace the global model
+    # whether the round's aggregate replaced the global model: under DP also a round with no
+    # usable reply, whose release is its noise alone
+    model_updated: bool = False
     refused_state: list[str] = field(default_factory=list)  # "<state>: reason", state kept
     train_metrics: dict[str, float] = field(default_factory=dict)
     evaluate_metrics: dict[str, float] = field(default_factory=dict)

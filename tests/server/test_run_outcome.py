@@ -61,8 +61,8 @@ def test_a_round_in_which_every_client_was_late_leaves_the_run_incomplete(tmp_pa
     assert [(r["clients"], r["model_updated"]) for r in rows[1:]] == [(2, 1), (0, 0)]
     assert rows[2]["late_partitions"] == "0 1" and rows[2]["lost_partitions"] == ""
     assert summary["status"] == "incomplete" and summary["rounds_without_usable_reply"] == 1
-    assert summary["reason"] == ("round(s) 2 got no usable client reply (the global model "
-                                 "stayed as it was)")
+    assert summary["reason"] == ("round(s) 2 got no usable client reply or had their aggregate "
+                                 "refused (the global model learnt nothing)")
 
 
 def test_a_lost_client_below_min_clients_stops_the_run_as_failed(tmp_path):
@@ -96,6 +96,12 @@ def test_the_status_rules():
                                                                  "reason": "why"}
     assert run_status([row(0, 0), row(1, 1)], connected=3, min_clients=3) == {
         "status": "completed"}
+    # under DP a round with no usable reply releases its noise alone: the model moved, and
+    # learnt nothing
+    noise_alone = {"round": 2, "model_updated": 1, "clients": 0}
+    status = run_status([row(0, 0), {**row(1, 1), "clients": 3}, noise_alone])
+    assert status["status"] == "incomplete" and status["reason"].startswith("round(s) 2 got")
+    assert run_status([row(0, 0), noise_alone])["status"] == "failed"
 
 
 @pytest.mark.parametrize("status, exits_0", [("completed", True), ("incomplete", True),

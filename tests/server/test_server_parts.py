@@ -119,12 +119,17 @@ def test_round_line_shows_accuracy_time_and_traffic():
                                "model_updated": 1}, 5)
     assert line.startswith("round   2/5  test acc  85.12%  loss 0.4100")
     assert line.endswith("10 clients, 3.0 MB out, 1.0 KB in, 1 rejected (partitions 7)")
-    stuck = console.round_line({"round": 3, "test_accuracy": 0.1, "test_loss": 2.3,
-                                "train_seconds": 1.0, "eval_seconds": 0.8, "clients": 0,
-                                "bytes_sent": 10, "bytes_received": 10, "rejected": 2,
-                                "rejected_partitions": "0 1", "model_updated": 0}, 5)
+    row = {"round": 3, "test_accuracy": 0.1, "test_loss": 2.3, "train_seconds": 1.0,
+           "eval_seconds": 0.8, "clients": 0, "bytes_sent": 10, "bytes_received": 10,
+           "rejected": 2, "rejected_partitions": "0 1", "model_updated": 0}
+    stuck = console.round_line(row, 5)
     assert stuck.endswith("2 rejected (partitions 0 1)  |  no usable reply: the global model "
                           "stays")
+    noise = console.round_line({**row, "model_updated": 1}, 5)  # DP: the release's noise
+    assert noise.endswith("no usable reply: the model moved by the release's noise alone")
+    refused = console.round_line({**row, "clients": 2, "rejected": 0}, 5)
+    assert refused.endswith("2 clients, 10 B out, 10 B in  |  the aggregate was refused: the "
+                            "global model stays")
 
 
 def test_in_simulation_the_server_assigns_partitions_in_registration_order(server_task):

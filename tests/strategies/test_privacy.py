@@ -166,6 +166,8 @@ def test_under_central_dp_a_round_whose_replies_are_all_refused_still_releases_n
     assert private.report.clients == 0 and len(private.report.rejected) == 4
     assert arrays is not None and not np.array_equal(arrays["w"].numpy(), [1.0, 1.0])
     assert private.release.columns(1)["dp_sigma"] == 1.0
+    # and the round's row says so: the model moved (by the noise alone), nothing was learnt
+    assert private.report.model_updated
 
 
 @pytest.mark.parametrize("q, sigma, rounds, delta", [(0.2, 1.0, 30, 1e-5), (1.0, 2.0, 5, 1e-6),
