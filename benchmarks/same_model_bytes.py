@@ -26,7 +26,10 @@ from pathlib import Path
 QUICK = ["model=mlp", "dataset.subset=2000", "dataset.test_subset=500", "num_clients=4",
          "fraction=0.75", "rounds=3", "seed=3"]
 
-# One case per method, plus the variants that take other code paths.
+# One case per method, plus the variants that take other code paths. Not SecAgg+: Flower's
+# quantisation rounds stochastically with NumPy's global generator, so two SecAgg+ runs of one
+# checkout end in different bytes (measured at 0c4ce37 and at d1eabaf); that its sum is the plain
+# mean within the quantisation error is tests/server/test_secagg.py's to show.
 CASES = {
     "fedavg": ["strategy=fedavg"],
     "fedprox": ["strategy=fedprox"],
@@ -51,8 +54,6 @@ CASES = {
     "fedproto": ["strategy=fedproto"],
     "fedcurv": ["strategy=fedcurv"],
     "fedavg-median": ["strategy=fedavg", "aggregation=median"],
-    "fedavg-secagg": ["strategy=fedavg", "secagg=secaggplus"],
-    "scaffold-secagg": ["strategy=scaffold", "secagg=secaggplus"],
     "feddisco": ["strategy=feddisco"],
     "dcfl": ["strategy=dcfl", "strategy.condense_iterations=20"],
     "dcfl-fednova-prox": ["strategy=dcfl", "aggregation=fednova", "strategy.objective=prox",
