@@ -11,12 +11,17 @@
   C_p, plus N(0, (sigma C_p)^2 / m_min). The reply then carries that record's summed arrays
   and nothing else beside the model and the two metrics (a prototype record's per-class
   counts stay on the client: the server's denominators are public).
+- a client whose training diverged (a non-finite update or payload) sends zeros, clipped and
+  noised as any update: a NaN reply would tell the server outside the noise that its data made
+  training diverge, and under SecAgg+ would wreck the whole round's sum.
 - under any privacy setting the reply's metrics are cut to what the server's checks need and
   the data survey disclosed already (examples, local steps): a training loss or a logit shift
   per client is a release about the client's data that no noise covers.
 """
 
 from __future__ import annotations
+
+import sys
 
 import numpy as np
 from flwr.app import Array, ArrayRecord
@@ -37,6 +42,16 @@ def payload_clip(experiment) -> float | None:
     return experiment.privacy.payload_clip if experiment.privacy.enabled else None
 
 
+def finite_or_zero(arrays: list[np.ndarray], what: str) -> list[np.ndarray]:
+    """``arrays``, or zeros where any of them is not finite (the client's own console says so;
+    nothing of it is sent)."""
+    if all(np.isfinite(a).all() for a in arrays):
+        return arrays
+    print(f"driftfl node: its {what} is not finite (training diverged): it sends zeros, noised",
+          file=sys.stderr, flush=True)
+    return [np.zeros_like(a) for a in arrays]
+
+
 def privatise(trained: ArrayRecord, received: ArrayRecord, settings: PrivacySettings,
               shares: int, rng: np.random.Generator | None = None) -> ArrayRecord:
     """The trained model to send: the received one plus the clipped, noised update
@@ -46,7 +61,8 @@ def privatise(trained: ArrayRecord, received: ArrayRecord, settings: PrivacySett
     start = {k: received[k].numpy() for k in received}
     end = {k: trained[k].numpy() for k in trained}
     keys = [k for k, v in start.items() if v.dtype.kind == "f"]
-    delta, _ = clip_update([end[k] - start[k] for k in keys], settings.clip, in_place=True)
+    delta = finite_or_zero([end[k] - start[k] for k in keys], "update")
+    delta, _ = clip_update(delta, settings.clip, in_place=True)
     noised = add_noise(delta, settings.share_noise_std(shares), rng)  # rng None: OS entropy
     for key, value in zip(keys, noised):
         end[key] = (start[key] + value).astype(start[key].dtype)
@@ -64,8 +80,8 @@ def privatise_payload(records: dict[str, ArrayRecord], settings: PrivacySettings
         return {}  # nothing leaves a client under DP but the noised release
     name, keys = summed
     arrays = {k: records[name][k].numpy() for k in keys if k in records[name]}
-    clipped, _ = clip_update([arrays[k].astype(np.float64) for k in arrays],
-                             settings.payload_clip, in_place=True)
+    terms = finite_or_zero([arrays[k].astype(np.float64) for k in arrays], name)
+    clipped, _ = clip_update(terms, settings.payload_clip, in_place=True)
     noised = add_noise(clipped, settings.share_noise_std(shares, settings.payload_clip), rng)
     return {name: ArrayRecord({k: Array(np.ascontiguousarray(v.astype(arrays[k].dtype)))
                                for k, v in zip(arrays, noised)})}

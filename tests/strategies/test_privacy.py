@@ -12,7 +12,8 @@ import pytest
 from dp_accounting.rdp import RdpAccountant
 from flwr.app import Array, ArrayRecord
 
-from driftfl.client.privacy import disclosed_metrics, noise_shares, privatise
+from driftfl.client.privacy import (disclosed_metrics, noise_shares, privatise,
+                                    privatise_payload)
 from driftfl.common.config import compose
 from driftfl.common.errors import ConfigError
 from driftfl.common.privacy import PrivacySettings, clip_update
@@ -266,6 +267,28 @@ def test_distributed_client_clips_and_adds_its_share_of_the_noise():
     # the client sizes its share from the experiment, not from a number the server sends
     cfg = compose(["privacy=distributed", "num_clients=20", "fraction=0.5"])
     assert noise_shares(cfg) == 8  # 0.8 of the 10 a round selects
+
+
+def test_a_diverged_distributed_client_sends_zeros_noised_never_nan(capsys):
+    """A NaN reply would tell the server, outside the noise, that this client's data made
+    training diverge (and under SecAgg+ wreck the round's sum): the client sends a zero update
+    and zero payload terms, noised as any other."""
+    settings = PrivacySettings(name="distributed", clip=1.0, noise_multiplier=1.0)
+    received = ArrayRecord({k: Array(v) for k, v in GLOBAL.items()})
+    diverged = {k: np.full_like(v, np.nan) if v.dtype.kind == "f" else v
+                for k, v in GLOBAL.items()}
+    quiet = privatise(ArrayRecord({k: Array(v) for k, v in diverged.items()}), received,
+                      settings.model_copy(update={"noise_multiplier": 0.0}), shares=9)
+    assert all(np.array_equal(quiet[k].numpy(), GLOBAL[k]) for k in ("w", "b"))
+    noisy = privatise(ArrayRecord({k: Array(v) for k, v in diverged.items()}), received,
+                      settings, shares=9, rng=np.random.default_rng(3))
+    share = noisy["w"].numpy().astype(np.float64) - GLOBAL["w"]
+    assert np.isfinite(share).all() and share.std() == pytest.approx(1.0 / 3, rel=0.05)
+    payload = {"delta": ArrayRecord({"c": Array(np.array([np.inf, 1.0, 2.0]))})}
+    sent = privatise_payload(payload, settings.model_copy(update={"noise_multiplier": 0.0}),
+                             9, ("delta", ["c"]))
+    assert np.array_equal(sent["delta"]["c"].numpy(), np.zeros(3))
+    assert "not finite (training diverged)" in capsys.readouterr().err
 
 
 def test_distributed_server_refuses_an_update_beyond_clip_and_noise():
