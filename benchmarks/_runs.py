@@ -17,8 +17,9 @@ def driftfl_rounds(overrides: list[str]) -> list[dict]:
     """The trained rounds (1..R) of a `driftfl run` with these overrides."""
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = Path(tmp) / "run"
-        driftfl = Path(sys.executable).parent / "driftfl"
-        out = subprocess.run([str(driftfl), "run", *overrides, f"hydra.run.dir={run_dir}"],
+        script = Path(sys.executable).parent / "driftfl"  # else not installed (a GPU machine)
+        driftfl = [str(script)] if script.exists() else [sys.executable, "-m", "driftfl.cli"]
+        out = subprocess.run([*driftfl, "run", *overrides, f"hydra.run.dir={run_dir}"],
                              cwd=tmp, capture_output=True, text=True)
         if out.returncode:
             sys.exit(f"driftfl run failed:\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}")

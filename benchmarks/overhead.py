@@ -16,6 +16,11 @@ The floor hands the clients out in partition order, as driftfl's simulation does
 
     .venv/bin/python benchmarks/overhead.py                  # cnn and mlp, 4 rounds each
     .venv/bin/python benchmarks/overhead.py --models cnn --rounds 6 --ray-floor
+    python benchmarks/overhead.py --models cnn --device cuda --client-gpus 0.25   # on a GPU
+
+With --device cuda, driftfl's clients train on Ray's GPU workers (simulation.client_gpus each)
+and the floor trains the same clients one after another on the same GPU in one process (clients
+sharing one GPU gain little from more processes).
 """
 
 from __future__ import annotations
@@ -48,14 +53,16 @@ from _runs import driftfl_rounds, steady  # noqa: E402
 _worker: dict = {}
 
 
-def _init_worker(cfg_json: str) -> None:
+def _init_worker(cfg_json: str, device: str = "cpu") -> None:
     """Each floor worker holds every client's tensors, like a Ray actor serving many nodes."""
-    torch.set_num_threads(1)
+    if device == "cpu":
+        torch.set_num_threads(1)
     cfg = ExperimentConfig.from_json(cfg_json)
     data = load_dataset(cfg.dataset)
     parts = partition(data.train_y, cfg.partition, cfg.num_clients, cfg.seed)
-    _worker.update(cfg=cfg, shape=data.shape, classes=data.num_classes, clients=[
-        to_tensors(data.train_x[p], data.train_y[p], data.mean, data.std) for p in parts])
+    _worker.update(cfg=cfg, shape=data.shape, classes=data.num_classes, device=device, clients=[
+        tuple(t.to(device) for t in to_tensors(data.train_x[p], data.train_y[p], data.mean,
+                                               data.std)) for p in parts])
 
 
 def _train_client(job):
@@ -63,21 +70,21 @@ def _train_client(job):
     client, state, server_round = job
     cfg = _worker["cfg"]
     x, y = _worker["clients"][client]
-    model = build_model(cfg.model, _worker["shape"], _worker["classes"])
+    model = build_model(cfg.model, _worker["shape"], _worker["classes"]).to(_worker["device"])
     model.load_state_dict(state)
     model.train()
     opt = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum,
                           weight_decay=cfg.weight_decay)
     g = torch.Generator().manual_seed(1000 * server_round + client)
     for _ in range(int(cfg.local_epochs)):
-        order = torch.randperm(len(y), generator=g)
+        order = torch.randperm(len(y), generator=g).to(_worker["device"])
         for start in range(0, len(y), int(cfg.batch_size)):
             idx = order[start:start + int(cfg.batch_size)]
             loss = F.cross_entropy(model(x[idx]), y[idx])
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
-    return {k: v.detach().numpy() for k, v in model.state_dict().items()}, len(y)
+    return {k: v.detach().cpu().numpy() for k, v in model.state_dict().items()}, len(y)
 
 
 class _RayWorker:
@@ -99,6 +106,12 @@ def _process_pool(cfg, workers: int):
 
 
 @contextlib.contextmanager
+def _one_gpu(cfg, workers: int):
+    _init_worker(cfg.to_json(), "cuda")
+    yield lambda jobs: [_train_client(job) for job in jobs]
+
+
+@contextlib.contextmanager
 def _ray_pool(cfg, workers: int):
     import ray
     from ray.util import ActorPool
@@ -114,12 +127,14 @@ def _ray_pool(cfg, workers: int):
         ray.shutdown()
 
 
-def floor_rounds(cfg, rounds: int, workers: int, in_ray: bool = False) -> list[dict]:
+def floor_rounds(cfg, rounds: int, workers: int, in_ray: bool = False,
+                 device: str = "cpu") -> list[dict]:
     data = load_dataset(cfg.dataset)
     torch.manual_seed(int(cfg.seed))
     model = build_model(cfg.model, data.shape, data.num_classes)
     test_x, test_y = to_tensors(data.test_x, data.test_y, data.mean, data.std)
-    with (_ray_pool if in_ray else _process_pool)(cfg, workers) as train_all:
+    pool = _one_gpu if device == "cuda" else _ray_pool if in_ray else _process_pool
+    with pool(cfg, workers) as train_all:
         rows = []
         for server_round in range(1, rounds + 1):
             started = time.perf_counter()
@@ -147,20 +162,30 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=10)
     parser.add_argument("--ray-floor", action="store_true",
                         help="also run the floor's workers as Ray actors")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--client-gpus", type=float, default=0.25,
+                        help="with --device cuda: each driftfl client's share of the GPU")
     args = parser.parse_args()
     workers = os.cpu_count() or 1  # driftfl's Ray actors: one per core at client_cpus=1
+    on_gpu = ["device=cuda", f"simulation.client_gpus={args.client_gpus}"]
+    if args.device == "cuda":
+        workers = 1  # the floor: one process on the GPU
 
     print(f"driftfl overhead: Fashion-MNIST, {args.clients} clients all training, Dirichlet(0.5), "
-          f"1 local epoch, {args.rounds} rounds, {workers} cores / actors / floor workers")
+          f"1 local epoch, {args.rounds} rounds, " + (
+              f"{args.device}, driftfl's clients at client_gpus={args.client_gpus}, the floor in "
+              "one process" if args.device == "cuda" else
+              f"{workers} cores / actors / floor workers"))
     print(f"{'model':<6} {'driftfl round':>14} {'floor round':>12} {'ratio':>6}   "
           f"{'driftfl train':>14} {'floor train':>12} {'ratio':>6}   {'acc driftfl/floor':>18}")
     results = {}
     for name in args.models.split(","):
         overrides = [f"model={name}", f"num_clients={args.clients}", "fraction=1.0",
-                     "local_epochs=1", f"rounds={args.rounds}", "seed=0"]
+                     "local_epochs=1", f"rounds={args.rounds}", "seed=0",
+                     *(on_gpu if args.device == "cuda" else [])]
         cfg = compose(overrides)
         ours = driftfl_rounds(overrides)
-        floor = floor_rounds(cfg, args.rounds, workers)
+        floor = floor_rounds(cfg, args.rounds, workers, device=args.device)
         if args.ray_floor:
             in_ray = floor_rounds(cfg, args.rounds, workers, in_ray=True)
             print(f"{name:<6} floor in Ray actors: round {steady(in_ray, 'seconds'):.2f} s, train "
