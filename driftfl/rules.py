@@ -84,18 +84,24 @@ def protected_methods(methods: Mapping) -> list[str]:
                   if not method.strategy.unprotected and default_aggregation(name) == "mean")
 
 
+def check_protected(head: str, cfg: ExperimentConfig, strategy, methods: Mapping,
+                    uncovered: str) -> None:
+    """Refuse a method whose replies DP or SecAgg+ would leave partly uncovered."""
+    if strategy.unprotected:
+        raise ConfigError(f"{head} strategy={cfg.strategy.name}: {strategy.unprotected} would "
+                          f"reach the server {uncovered} what the clients send in "
+                          f"{', '.join(protected_methods(methods))}")
+    problem = strategy.protection_problem(cfg.strategy)
+    if problem:
+        raise ConfigError(f"{head} strategy={cfg.strategy.name}: {problem}")
+
+
 def check_privacy(cfg: ExperimentConfig, strategy, aggregation, methods: Mapping) -> None:
     """Refuse differential privacy where it would not cover what the server receives."""
     if not cfg.privacy.enabled:
         return
     head = f"privacy={cfg.privacy.name} with"
-    if strategy.unprotected:
-        raise ConfigError(f"{head} strategy={cfg.strategy.name}: {strategy.unprotected} would "
-                          f"reach the server without clipping or noise; DP covers what the "
-                          f"clients send in {', '.join(protected_methods(methods))}")
-    problem = strategy.protection_problem(cfg.strategy)
-    if problem:
-        raise ConfigError(f"{head} strategy={cfg.strategy.name}: {problem}")
+    check_protected(head, cfg, strategy, methods, "without clipping or noise; DP covers")
     if cfg.privacy.payload_clip is not None and not strategy.payload_record:
         raise ConfigError(f"privacy.payload_clip means nothing with strategy="
                           f"{cfg.strategy.name}, whose clients send only their model; "
@@ -133,13 +139,8 @@ def check_secagg(cfg: ExperimentConfig, strategy, aggregation, methods: Mapping)
         raise ConfigError(f"{head} with aggregation={cfg.aggregation.name}: "
                           f"{aggregation.individual}, which secure aggregation hides; use "
                           "aggregation=mean")
-    if strategy.unprotected:
-        raise ConfigError(f"{head} with strategy={cfg.strategy.name}: {strategy.unprotected} "
-                          f"would reach the server unprotected; secure aggregation covers what "
-                          f"the clients send in {', '.join(protected_methods(methods))}")
-    problem = strategy.protection_problem(cfg.strategy)
-    if problem:
-        raise ConfigError(f"{head} with strategy={cfg.strategy.name}: {problem}")
+    check_protected(f"{head} with", cfg, strategy, methods,
+                    "unprotected; secure aggregation covers")
     if cfg.privacy.name == "central":
         raise ConfigError(f"{head} with privacy=central: the server clips each client's "
                           "update, which secure aggregation hides; use privacy=distributed")
