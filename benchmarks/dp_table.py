@@ -16,6 +16,10 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from driftfl.server.outcome import learned  # noqa: E402
+
 
 def spread(values: list[float]) -> str:
     mean = 100 * statistics.fmean(values)
@@ -30,7 +34,7 @@ def main(root: Path) -> None:
         rounds = json.loads((summary.parent / "metrics.json").read_text())["rounds"]
         rows[method, noise].append({"summary": json.loads(summary.read_text()),
                                     "accuracy": [r["test_accuracy"] for r in rounds],
-                                    "idle": sum(not (r["model_updated"] and r["clients"]) for r in rounds[1:]),
+                                    "idle": sum(not learned(r) for r in rounds[1:]),
                                     "refused": sum(r.get("rejected", 0) for r in rounds[1:]),
                                     "replies": sum(r.get("rejected", 0) + r.get("clients", 0)
                                                    for r in rounds[1:])})
