@@ -198,8 +198,8 @@ class DCFL(DriftStrategy):
                                 dst_node_id=node,
                                 message_type=f"{MessageType.QUERY}.{DCFL_CONDENSE}")
                         for node in asked]
-            replies = self.clients.in_order(grid.send_and_receive(messages,
-                                                               timeout=self.round_timeout))
+            replies = self.clients.in_order(
+                grid.send_and_receive(messages, timeout=self.round_timeout))
             checked = [check_pretrain_reply(r, self.image_shape, head, self.ipc,
                                             self.clients.histograms.get(r.metadata.src_node_id))
                        for r in replies]
@@ -281,9 +281,10 @@ class DCFL(DriftStrategy):
 
     def announce(self) -> None:
         """What will leave the clients, said before any of it does."""
+        known = self.clients
         shipped.announce(self.condensing, [
-            (self.clients.name(node), histogram) for node, histogram
-            in sorted(self.clients.histograms.items(), key=lambda item: self.clients.rank(item[0]))])
+            (known.name(node), histogram) for node, histogram
+            in sorted(known.histograms.items(), key=lambda item: known.rank(item[0]))])
 
     def infer_shape(self, config: ConfigRecord) -> list[int]:
         return DatasetMeta.from_json(str(config[DATASET_META])).shape
@@ -391,7 +392,8 @@ class DCFL(DriftStrategy):
 
     def round_arrays(self) -> dict[str, np.ndarray]:
         """The CKA matrix over all surveyed clients in partition order (NaN: not explored)."""
-        order = {node: i for i, node in enumerate(sorted(self.clients.node_rank, key=self.clients.rank))}
+        ranked = sorted(self.clients.node_rank, key=self.clients.rank)
+        order = {node: i for i, node in enumerate(ranked)}
         full = np.full((len(order), len(order)), np.nan)
         where = [order[node] for node in self.explored]
         full[np.ix_(where, where)] = self.matrix

@@ -60,7 +60,8 @@ def test_a_reply_ten_times_the_median_update_is_rejected_and_never_aggregated(ca
 def test_refused_state_is_logged_and_recorded(caplog):
     strategy = FedAvg()
     with caplog.at_level(logging.WARNING, logger="flwr"):
-        strategy.guard.refuse_state(strategy.report, 3, "SCAFFOLD's c", "it would move by 9, over the bound 1")
+        strategy.guard.refuse_state(strategy.report, 3, "SCAFFOLD's c",
+                                    "it would move by 9, over the bound 1")
     assert strategy.report.refused_state == ["SCAFFOLD's c: it would move by 9, over the "
                                              "bound 1"]
     assert "round 3: the update of SCAFFOLD's c refused" in caplog.text

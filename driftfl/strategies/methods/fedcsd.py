@@ -155,14 +155,16 @@ class FedCSD(EMATeacher):
             if not isinstance(checked, str):
                 checked = survey_problem(*checked, self.clients.histograms.get(node)) or checked
             if isinstance(checked, str):
-                log(WARNING, "prototype reply from %s rejected: %s", self.clients.describe(node), checked)
+                log(WARNING, "prototype reply from %s rejected: %s",
+                    self.clients.describe(node), checked)
             else:
                 nodes.append(node)
                 usable.append(checked)
         bad = outliers(usable, self.prototypes, self.present, self.max_peer_ratio,
                        self.max_update_ratio)
         for k, reason in bad.items():
-            log(WARNING, "prototype reply from %s rejected: %s", self.clients.describe(nodes[k]), reason)
+            log(WARNING, "prototype reply from %s rejected: %s",
+                self.clients.describe(nodes[k]), reason)
         usable = [p for k, p in enumerate(usable) if k not in bad]
         if self.aggregation.robust and usable:
             new, present = combined(self.prototype_rule(), usable, self.num_classes,

@@ -21,8 +21,8 @@ kept apart, not averaged, and the screens bound each one against its peers.
 Where the release sums payloads (DP, secure aggregation: ``summed``) the server may hold no
 node's terms, only totals: each accepted reply brings the change of its node's terms since
 those the totals hold (``fisher-delta``: F and F * w, clipped to privacy.payload_clip and
-noised under DP, masked under SecAgg+; the release reads and bounds them), the totals P_all, Q_all grow by the round's (noised) sum of the changes,
-and ``included`` records, per node, the round whose terms the totals now hold. Each train
+noised under DP, masked under SecAgg+; the release reads and bounds them), the totals P_all,
+Q_all grow by the round's (noised) sum of the changes, and ``included`` records, per node, the round whose terms the totals now hold. Each train
 message carries the totals and that round; the node takes its own terms out itself
 (client/objectives/curv.py). Without noise this is the same method: P_all and Q_all are the
 sums over every node's latest accepted terms. Under DP each round's noise stays in the totals.
