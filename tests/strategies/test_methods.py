@@ -60,6 +60,20 @@ class InProcessGrid:
         return replies
 
 
+def surveyed(overrides: list[str], nodes: int = 2):
+    """A strategy built from ``overrides`` and met by the data survey of an in-process grid of
+    ``nodes`` Fashion-MNIST nodes: (experiment, model, strategy, grid, the config record every
+    message carries)."""
+    experiment = prepare_experiment(compose(overrides))
+    model = experiment.initial_model()
+    strategy = build_strategy(experiment.cfg, model)
+    grid = InProcessGrid(fmnist_nodes(nodes))
+    record = ConfigRecord({EXPERIMENT: experiment.cfg.to_json(),
+                           DATASET_META: experiment.meta.to_json()})
+    strategy.meet(survey_clients(grid, record, nodes, node_wait=5, timeout=60))
+    return experiment, model, strategy, grid, record
+
+
 # what a method's clients send beside the model and metrics in round 1 (FedCSD: its prototype
 # phase; DCFL: its pre-training stage), by payload kind
 EXTRA_UP = {"fedcsd": {"prototypes"}, "fedproto": {"feature_prototypes"},

@@ -18,9 +18,8 @@ from driftfl.client.objectives.moon import STATE_PREVIOUS, features_of, moon_con
 from driftfl.client.objectives.proto import proto_loss
 from driftfl.common.config import compose
 from driftfl.common.models import MODELS, build_model
-from driftfl.common.protocol import (ARRAYS, CONFIG, DATASET_META, EXPERIMENT,
-                                     FEATURE_PROTOTYPES, LOCAL_STEPS, METRICS, NUM_EXAMPLES,
-                                     model_to_arrays)
+from driftfl.common.protocol import (ARRAYS, CONFIG, FEATURE_PROTOTYPES, LOCAL_STEPS, METRICS,
+                                     NUM_EXAMPLES, model_to_arrays)
 from driftfl.common.training import TrainSettings, train_locally
 from driftfl.methods import build_strategy, check_experiment
 from driftfl.strategies.methods.fedproto import check_feature_prototypes, weighted_prototypes
@@ -370,18 +369,9 @@ def test_fedproto_p_g_is_replaced_every_round(server_task):
 
 @pytest.mark.parametrize("name", ["moon", "fedproto"])
 def test_two_rounds_through_the_client_app(name, fmnist_available, server_task):
-    from test_methods import TINY, InProcessGrid, fmnist_nodes
+    from test_methods import TINY, surveyed
 
-    from driftfl.server.survey import survey_clients
-    from driftfl.server.experiment import prepare_experiment
-
-    experiment = prepare_experiment(compose([f"strategy={name}", *TINY]))
-    model = experiment.initial_model()
-    strategy = build_strategy(experiment.cfg, model)
-    grid = InProcessGrid(fmnist_nodes(2))
-    record = ConfigRecord({EXPERIMENT: experiment.cfg.to_json(),
-                           DATASET_META: experiment.meta.to_json()})
-    strategy.meet(survey_clients(grid, record, 2, node_wait=5, timeout=60))
+    _, model, strategy, grid, record = surveyed([f"strategy={name}", *TINY])
     arrays = model_to_arrays(model)
     for server_round in (1, 2):
         messages = list(strategy.configure_train(server_round, arrays,

@@ -314,19 +314,11 @@ def test_scaffold_needs_its_own_objective():
 def test_scaffold_trains_two_rounds_with_real_clients(fmnist_available, server_task):
     """Two rounds in process: no real client's control-delta is refused (the tolerance holds
     for float32 training) and round 2 trains with c_k != 0."""
-    from test_methods import TINY, InProcessGrid, fmnist_nodes
+    from test_methods import TINY, surveyed
 
-    from driftfl.common.protocol import DATASET_META, EXPERIMENT, model_to_arrays
-    from driftfl.server.survey import survey_clients
-    from driftfl.server.experiment import prepare_experiment
+    from driftfl.common.protocol import model_to_arrays
 
-    experiment = prepare_experiment(compose(["strategy=scaffold", *TINY]))
-    model = experiment.initial_model()
-    strategy = build_strategy(experiment.cfg, model)
-    grid = InProcessGrid(fmnist_nodes(2))
-    record = ConfigRecord({EXPERIMENT: experiment.cfg.to_json(),
-                           DATASET_META: experiment.meta.to_json()})
-    strategy.meet(survey_clients(grid, record, 2, node_wait=5, timeout=60))
+    _, model, strategy, grid, record = surveyed(["strategy=scaffold", *TINY])
     strategy.start(grid=grid, initial_arrays=model_to_arrays(model), num_rounds=2,
                    train_config=record, evaluate_config=ConfigRecord(dict(record)))
     assert strategy.report.rejected == [] and strategy.report.clients == 2
