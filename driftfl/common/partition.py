@@ -38,7 +38,10 @@ class DirichletSettings(PartitionSettings):
 
 class PathologicalSettings(PartitionSettings):
     classes_per_client: int = 2  # 1..number of classes, checked against the dataset
-    assignment: Literal["random", "deterministic", "first-deterministic"] = "random"
+    # covering (default): every label held whenever clients x classes_per_client >= classes
+    # (covering_assignment); the others are flwr-datasets' modes, random may drop labels
+    assignment: Literal["covering", "random", "deterministic", "first-deterministic"] = (
+        "covering")
 
 
 class ShardsSettings(PartitionSettings):
@@ -97,6 +100,8 @@ def compute_partition(labels: np.ndarray, spec: Mapping | PartitionSettings, num
     spec = partition_settings(spec)
     if spec.name == "iid":
         return iid_partition(len(labels), num_clients, seed)
+    if isinstance(spec, PathologicalSettings) and spec.assignment == "covering":
+        return covering_partition(labels, spec.classes_per_client, num_clients, seed)
     from datasets import Dataset
 
     table = Dataset.from_dict({"label": labels, "index": np.arange(len(labels))})
@@ -123,6 +128,47 @@ def iid_partition(num_samples: int, num_clients: int, seed: int) -> list[np.ndar
     about 8 ms a client: 80 s for 10,000 clients."""
     order = np.random.default_rng(seed).permutation(num_samples).astype(np.int64)
     return np.array_split(order, num_clients)
+
+
+def covering_assignment(num_clients: int, classes: list[int], per_client: int,
+                        rng: np.random.Generator) -> list[list[int]]:
+    """The labels each client holds under #C=k. Client i's first label is i mod K, as in
+    NIID-Bench; its other slots are filled a slot at a time across the clients, first with the
+    labels no client got first (there are some when clients < K), then with random labels it
+    does not hold yet. Every label is held when clients x k >= K."""
+    held = [[classes[i % len(classes)]] for i in range(num_clients)]
+    unheld = [int(c) for c in rng.permutation(classes[num_clients:])]
+    for _ in range(1, per_client):
+        for labels in held:
+            if unheld:
+                labels.append(unheld.pop())
+            else:
+                labels.append(int(rng.choice([c for c in classes if c not in labels])))
+    return held
+
+
+def covering_partition(labels: np.ndarray, per_client: int, num_clients: int,
+                       seed: int) -> list[np.ndarray]:
+    """#C=k with ``covering_assignment``: each label's samples, in a seeded random order, cut
+    into equal shares for the clients that hold it (the flwr-datasets modes cut them the same
+    way)."""
+    rng = np.random.default_rng(seed)
+    classes = [int(c) for c in np.unique(labels)]
+    held = covering_assignment(num_clients, classes, per_client, rng)
+    parts: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
+    for c in classes:
+        holders = [i for i, mine in enumerate(held) if c in mine]
+        if not holders:  # clients x k < K: the run warns of the classes left out
+            continue
+        members = rng.permutation(np.flatnonzero(labels == c))
+        if len(members) < len(holders):
+            raise ConfigError(f"class {c} has {len(members)} samples for {len(holders)} "
+                              "clients that hold it under #C=k; use fewer clients or a larger "
+                              "dataset.subset")
+        for i, share in zip(holders, np.array_split(members, len(holders))):
+            parts[i].append(share)
+    return [np.sort(np.concatenate(p)).astype(np.int64) if p else np.zeros(0, dtype=np.int64)
+            for p in parts]
 
 
 def aux_indices(labels: np.ndarray, per_class: int, seed: int) -> np.ndarray:

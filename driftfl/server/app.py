@@ -103,7 +103,11 @@ def run_experiment(grid: Grid, experiment: Experiment, run_dir: Path, run_id: in
     federation.start(clients, run_dir, experiment_record, clients_moved)
     title = (f"{cfg.strategy.name} on {cfg.dataset.name}, {describe(cfg.partition)}, "
              f"{len(clients)} clients, {cfg.model.name}")
-    print(console.partition_table(clients, list(experiment.data.classes), title), flush=True)
+    classes = list(experiment.data.classes)
+    print(console.partition_table(clients, classes, title), flush=True)
+    gaps = console.coverage_gaps(clients, classes)
+    if warning := console.coverage_warning(gaps, classes, cfg.partition.name):
+        print(warning, flush=True)
     if plan := strategy.release.plan(cfg.rounds):
         print(plan, flush=True)
     aux_labels = experiment.data.train_y[experiment.aux_indices]
@@ -155,7 +159,7 @@ def run_experiment(grid: Grid, experiment: Experiment, run_dir: Path, run_id: in
                "rounds_without_usable_reply": sum(not learned(r) for r in rows[1:]),
                "final_accuracy": rows[-1]["test_accuracy"], "final_loss": rows[-1]["test_loss"],
                "best_accuracy": best["test_accuracy"], "best_round": best["round"],
-               "seconds": recorder.seconds(),
+               "seconds": recorder.seconds(), **gaps,
                **byte_totals(rows), **privacy_summary(strategy, rows, budget)}
     recorder.finish(model, summary, title)
     if summary["status"] == "failed":

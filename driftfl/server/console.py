@@ -48,6 +48,33 @@ def partition_table(clients: list[dict], classes: list[str], title: str) -> str:
     return "\n".join(lines)
 
 
+def coverage_gaps(clients: list[dict], classes: list[str]) -> dict[str, list]:
+    """What the partition leaves uncovered: classes no client trains on (their test samples can
+    never be learnt, which caps the accuracy the run can reach) and clients with no sample."""
+    totals = [sum(c["label_histogram"][i] for c in clients) for i in range(len(classes))]
+    return {"classes_without_client": [i for i, n in enumerate(totals) if not n],
+            "clients_without_sample": [c["partition_id"] for c in clients
+                                       if not c["num_examples"]]}
+
+
+def coverage_warning(gaps: dict[str, list], classes: list[str], partition: str) -> str:
+    """One line for what ``coverage_gaps`` found, or "" when every class and client has data."""
+    said = []
+    if missing := gaps["classes_without_client"]:
+        said.append(f"class(es) {', '.join(f'{i} ({classes[i]})' for i in missing)} held by "
+                    "no client: the global model never sees them, and test accuracy on them "
+                    "stays 0")
+    if empty := gaps["clients_without_sample"]:
+        said.append(f"client(s) {' '.join(map(str, empty))} hold no sample")
+    if not said:
+        return ""
+    fix = {"pathological": "partition.assignment=covering with num_clients x "
+                           "classes_per_client >= classes covers every class",
+           "dirichlet": "a larger partition.min_size gives every client data"}.get(
+               partition, "use fewer clients or more data")
+    return f"driftfl: warning: the partition leaves {'; '.join(said)} ({fix})"
+
+
 def _spread(what: str, values: list[int]) -> str:
     """min / median / max of a per-client count, for a table too long to print."""
     ordered = sorted(values)

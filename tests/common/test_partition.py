@@ -37,6 +37,63 @@ def test_pathological_gives_each_client_k_classes():
         assert len(np.unique(LABELS[indices])) == 3
 
 
+COVERING = {"name": "pathological", "classes_per_client": 2}  # the default assignment
+
+
+def test_covering_is_the_default_assignment():
+    assert part.partition_settings({"name": "pathological"}).assignment == "covering"
+
+
+@pytest.mark.parametrize("clients, per_client", [(10, 2), (20, 2), (5, 2), (4, 3), (7, 2),
+                                                 (10, 1), (3, 4)])
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_covering_holds_every_label_whenever_clients_times_k_reach_the_classes(
+        clients, per_client, seed):
+    parts = part.compute_partition(LABELS, dict(COVERING, classes_per_client=per_client),
+                                   clients, seed)
+    assert_disjoint_cover(parts, len(LABELS))  # every sample of every class is used
+    for i, indices in enumerate(parts):
+        held = np.unique(LABELS[indices])
+        assert len(held) == per_client
+        if clients >= 10:
+            assert held.tolist().count(i % 10) == 1  # NIID-Bench: client i holds label i mod K
+
+
+def test_random_assignment_can_drop_a_label_and_covering_cannot():
+    """The failure the default fixes: flwr-datasets' random mode left class 1 to no client of
+    10 at seed 0 with Fashion-MNIST; on 10 balanced classes some seed does the same."""
+    random_spec = dict(COVERING, assignment="random")
+    dropped = [seed for seed in range(20)
+               if len(np.unique(LABELS[np.concatenate(
+                   part.compute_partition(LABELS, random_spec, 10, seed))])) < 10]
+    assert dropped  # random loses a label at some seed ...
+    for seed in dropped:  # ... where covering keeps all ten
+        parts = part.compute_partition(LABELS, COVERING, 10, seed)
+        assert len(np.unique(LABELS[np.concatenate(parts)])) == 10
+
+
+def test_too_few_slots_leave_classes_out_without_failing():
+    parts = part.compute_partition(LABELS, COVERING, 4, seed=0)  # 8 slots for 10 labels
+    assert len(np.unique(LABELS[np.concatenate(parts)])) == 8
+
+
+def test_covering_splits_each_label_evenly_over_its_holders():
+    parts = part.compute_partition(LABELS, COVERING, 10, seed=0)
+    for c in range(10):
+        shares = [int((LABELS[p] == c).sum()) for p in parts if (LABELS[p] == c).any()]
+        assert sum(shares) == 100 and max(shares) - min(shares) <= 1
+
+
+def test_covering_assignment_by_hand():
+    """4 clients x 3 labels, 10 labels: firsts 0-3; labels 4-9, which no client got first, fill
+    the second slots (clients 0-3) and then the third of clients 0 and 1; clients 2 and 3 draw
+    their third from the labels they do not hold."""
+    held = part.covering_assignment(4, list(range(10)), 3, np.random.default_rng(0))
+    assert [h[0] for h in held] == [0, 1, 2, 3]
+    assert sorted([h[1] for h in held] + [held[0][2], held[1][2]]) == [4, 5, 6, 7, 8, 9]
+    assert all(len(set(h)) == 3 for h in held)
+
+
 def test_dirichlet_skew_grows_as_alpha_shrinks():
     def mean_classes_held(alpha):
         spec = dict(DIRICHLET, alpha=alpha, min_size=1)

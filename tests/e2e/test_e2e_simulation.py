@@ -89,6 +89,27 @@ def test_driftfl_run_trains_and_writes_the_run_directory(tmp_path, fmnist_availa
     model.load_state_dict(torch.load(run_dir / "model.pt", weights_only=True))  # the final model loads back
 
 
+def test_a_partition_that_leaves_classes_unheld_warns_and_says_so_in_the_summary(
+        tmp_path, fmnist_available):
+    """4 clients x 2 classes cannot hold Fashion-MNIST's 10: the run says which it lost."""
+    run_dir = tmp_path / "run"
+    out = subprocess.run([driftfl_bin(), "run", *QUICK, "rounds=1", "partition=pathological",
+                          f"hydra.run.dir={run_dir}"],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    warnings = [line for line in out.stdout.splitlines()
+                if line.startswith("driftfl: warning: the partition leaves class(es)")]
+    assert len(warnings) == 1, out.stdout
+    summary = json.loads((run_dir / "summary.json").read_text())
+    unheld = summary["classes_without_client"]
+    assert len(unheld) == 2 and summary["clients_without_sample"] == []
+    assert all(f"{c} (" in warnings[0] for c in unheld)
+    held = {c for client in json.loads((run_dir / "partition.json").read_text())["clients"]
+            for c, n in enumerate(client["label_histogram"]) if n}
+    assert held == set(range(10)) - set(unheld)
+    assert all(read_rounds(run_dir)[-1]["per_class_accuracy"][c] == 0 for c in unheld)
+
+
 @pytest.mark.timeout(1800)  # every method in one sweep: about 3.5 min on 2 cores, 3 at a time
 def test_sweep_runs_every_method_in_its_own_directory(tmp_path, fmnist_available):
     """A quick job is mostly start-up (Ray, SuperLink, imports) that leaves cores idle, so the

@@ -111,6 +111,23 @@ def test_partition_table_of_ten_thousand_clients_stays_short():
                          "classes per client: min 1, median 3, max 4")
 
 
+def test_a_class_or_client_the_partition_leaves_empty_is_one_warning_line():
+    clients = [{"partition_id": 0, "num_examples": 5, "label_histogram": [5, 0, 0]},
+               {"partition_id": 1, "num_examples": 0, "label_histogram": [0, 0, 0]},
+               {"partition_id": 2, "num_examples": 4, "label_histogram": [1, 0, 3]}]
+    gaps = console.coverage_gaps(clients, ["a", "b", "c"])
+    assert gaps == {"classes_without_client": [1], "clients_without_sample": [1]}
+    line = console.coverage_warning(gaps, ["a", "b", "c"], "pathological")
+    assert line == ("driftfl: warning: the partition leaves class(es) 1 (b) held by no client: "
+                    "the global model never sees them, and test accuracy on them stays 0; "
+                    "client(s) 1 hold no sample (partition.assignment=covering with "
+                    "num_clients x classes_per_client >= classes covers every class)")
+    clients[1] = {"partition_id": 1, "num_examples": 2, "label_histogram": [0, 2, 0]}
+    covered = console.coverage_gaps(clients, ["a", "b", "c"])
+    assert covered == {"classes_without_client": [], "clients_without_sample": []}
+    assert console.coverage_warning(covered, ["a", "b", "c"], "pathological") == ""
+
+
 def test_round_line_shows_accuracy_time_and_traffic():
     line = console.round_line({"round": 2, "test_accuracy": 0.8512, "test_loss": 0.41,
                                "train_seconds": 12.3, "eval_seconds": 0.8, "clients": 10,
