@@ -8,7 +8,9 @@ Run it on two checkouts (before and after a change that must not alter training)
 Each case is a real `driftfl run` (local simulation, 4 clients, 3 of them sampled per round,
 3 rounds, the MLP on 2,000 Fashion-MNIST images) started from the checkout's own source tree,
 so the code under test is the checkout's, whatever the environment has installed. Exit 1 when
-a compared case differs.
+a compared case differs. ``--portable`` runs with ATen's default kernels and MKL's conditional
+numerical reproducibility, for bytes that do not depend on the CPU (to compare two machines;
+tests/e2e/test_e2e_reference.py pins two cases so).
 """
 
 from __future__ import annotations
@@ -61,9 +63,13 @@ CASES = {
 }
 
 
-def run_case(checkout: Path, overrides: list[str], run_dir: Path, cache: Path) -> str:
+PORTABLE = {"ATEN_CPU_CAPABILITY": "default", "MKL_CBWR": "COMPATIBLE"}
+
+
+def run_case(checkout: Path, overrides: list[str], run_dir: Path, cache: Path,
+             portable: bool = False) -> str:
     env = {**os.environ, "PYTHONPATH": str(checkout), "DRIFTFL_CACHE": str(cache),
-           "DRIFTFL_HOME": str(cache / "home")}
+           "DRIFTFL_HOME": str(cache / "home"), **(PORTABLE if portable else {})}
     out = subprocess.run([sys.executable, "-m", "driftfl.cli", "run", *overrides, *QUICK,
                           f"hydra.run.dir={run_dir}"], cwd=checkout, env=env,
                          capture_output=True, text=True, timeout=900)
@@ -79,6 +85,8 @@ def main() -> int:
     parser.add_argument("--out", type=Path, help="write {case: sha256} here")
     parser.add_argument("--compare", type=Path, help="a file written by --out to compare with")
     parser.add_argument("--only", help="comma-separated cases (default: all)")
+    parser.add_argument("--portable", action="store_true",
+                        help="arithmetic independent of the CPU's vector instructions")
     args = parser.parse_args()
     cases = {k: v for k, v in CASES.items() if not args.only or k in args.only.split(",")}
     expected = json.loads(args.compare.read_text()) if args.compare else {}
@@ -87,7 +95,7 @@ def main() -> int:
         for name, overrides in cases.items():
             started = time.perf_counter()
             digests[name] = run_case(args.checkout.resolve(), overrides, Path(scratch) / name,
-                                     Path(scratch) / "cache")
+                                     Path(scratch) / "cache", args.portable)
             verdict = ""
             if name in expected:
                 same = expected[name] == digests[name]

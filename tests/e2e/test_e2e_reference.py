@@ -1,0 +1,49 @@
+"""Same command, same bytes, across versions: small reference runs whose final model.pt is
+pinned by its SHA-256, so that a change to any computation a run makes (data loading,
+partition, initial model, sampling, local training, aggregation) fails here.
+
+A float's last bits depend on which vector instructions PyTorch's kernels and MKL pick on this
+CPU (on this AMD EPYC the AVX-512 and AVX2 paths give different bytes after 3 rounds), so the
+reference runs with portable arithmetic: ATen's default kernels and MKL's conditional numerical
+reproducibility, the same bytes whatever the CPU (AVX-512, AVX2 and SSE4.2 MKL paths measured
+equal). A change that is meant to change results updates REFERENCE, and its commit says so:
+
+    .venv/bin/python -m pytest tests/e2e/test_e2e_reference.py   # prints the new digests
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+
+import pytest
+
+from conftest import driftfl_bin
+
+pytestmark = pytest.mark.e2e
+
+PORTABLE = {"ATEN_CPU_CAPABILITY": "default", "MKL_CBWR": "COMPATIBLE"}
+SMALL = ["model=mlp", "dataset.subset=2000", "dataset.test_subset=500", "num_clients=4",
+         "fraction=0.75", "rounds=3", "seed=3"]
+REFERENCE = {  # case: its overrides beside SMALL, and the SHA-256 of the final model.pt
+    "fedavg-dirichlet": (["strategy=fedavg"],
+                         "15c794a7e8ed30e37c6529c527a4381686f9bf6b871112390c15cc6e002b2751"),
+    "fedprox-pathological": (["strategy=fedprox", "partition=pathological"],
+                             "7fd34b3904bdfa4bdfbcee73d5b846ad291d33d927da1bfb9132b491d9f4ee9a"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(REFERENCE))
+def test_a_reference_run_ends_in_the_same_model_bytes(case, tmp_path, fmnist_available):
+    overrides, expected = REFERENCE[case]
+    run_dir = tmp_path / "run"
+    out = subprocess.run([driftfl_bin(), "run", *SMALL, *overrides, f"hydra.run.dir={run_dir}"],
+                         cwd=tmp_path, env={**os.environ, **PORTABLE}, capture_output=True,
+                         text=True, timeout=600)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    digest = hashlib.sha256((run_dir / "model.pt").read_bytes()).hexdigest()
+    assert digest == expected, (
+        f"{case}: the final model's bytes changed ({digest}). If the change of results is "
+        "intended, set this digest in REFERENCE and say so in the commit; else a computation "
+        "changed that should not have.")
