@@ -8,8 +8,8 @@ Run it on two checkouts (before and after a change that must not alter training)
 Each case is a real `driftfl run` (local simulation, 4 clients, 3 of them sampled per round,
 3 rounds, the MLP on 2,000 Fashion-MNIST images) started from the checkout's own source tree,
 so the code under test is the checkout's, whatever the environment has installed. Exit 1 when
-a compared case differs. ``--portable`` runs with ATen's default kernels and MKL's conditional
-numerical reproducibility, for bytes that do not depend on the CPU (to compare two machines;
+a compared case differs. ``--portable`` runs with ATen's default kernels, MKL's conditional
+numerical reproducibility and oneDNN held to SSE4.1, for bytes that do not depend on the CPU (to compare two machines;
 tests/e2e/test_e2e_reference.py pins two cases so).
 """
 
@@ -63,7 +63,8 @@ CASES = {
 }
 
 
-PORTABLE = {"ATEN_CPU_CAPABILITY": "default", "MKL_CBWR": "COMPATIBLE"}
+PORTABLE = {"ATEN_CPU_CAPABILITY": "default", "MKL_CBWR": "COMPATIBLE",
+            "ONEDNN_MAX_CPU_ISA": "SSE41"}
 
 
 def run_case(checkout: Path, overrides: list[str], run_dir: Path, cache: Path,

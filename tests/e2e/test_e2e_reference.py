@@ -4,9 +4,10 @@ partition, initial model, sampling, local training, aggregation) fails here.
 
 A float's last bits depend on which vector instructions PyTorch's kernels and MKL pick on this
 CPU (on this AMD EPYC the AVX-512 and AVX2 paths give different bytes after 3 rounds), so the
-reference runs with portable arithmetic: ATen's default kernels and MKL's conditional numerical
-reproducibility, the same bytes whatever the CPU (AVX-512, AVX2 and SSE4.2 MKL paths measured
-equal). A change that is meant to change results updates REFERENCE, and its commit says so:
+reference runs with portable arithmetic: ATen's default kernels, MKL's conditional numerical
+reproducibility and oneDNN's convolutions held to SSE4.1, the same bytes whatever the CPU's
+vector instructions (MKL's AVX-512, AVX2 and SSE4.2 paths, oneDNN's AVX2 and SSE4.1 measured
+equal under it). A change that is meant to change results updates REFERENCE, and its commit says so:
 
     .venv/bin/python -m pytest tests/e2e/test_e2e_reference.py   # prints the new digests
 """
@@ -23,14 +24,16 @@ from conftest import driftfl_bin
 
 pytestmark = pytest.mark.e2e
 
-PORTABLE = {"ATEN_CPU_CAPABILITY": "default", "MKL_CBWR": "COMPATIBLE"}
-SMALL = ["model=mlp", "dataset.subset=2000", "dataset.test_subset=500", "num_clients=4",
+PORTABLE = {"ATEN_CPU_CAPABILITY": "default", "MKL_CBWR": "COMPATIBLE",
+            "ONEDNN_MAX_CPU_ISA": "SSE41"}
+SMALL = ["dataset.subset=2000", "dataset.test_subset=500", "num_clients=4",
          "fraction=0.75", "rounds=3", "seed=3"]
 REFERENCE = {  # case: its overrides beside SMALL, and the SHA-256 of the final model.pt
-    "fedavg-dirichlet": (["strategy=fedavg"],
+    "fedavg-dirichlet": (["strategy=fedavg", "model=mlp"],
                          "15c794a7e8ed30e37c6529c527a4381686f9bf6b871112390c15cc6e002b2751"),
-    "fedprox-pathological": (["strategy=fedprox", "partition=pathological"],
-                             "7fd34b3904bdfa4bdfbcee73d5b846ad291d33d927da1bfb9132b491d9f4ee9a"),
+    "fedprox-pathological-cnn": (
+        ["strategy=fedprox", "partition=pathological", "model=cnn"],
+        "75a9000d003213ae3cd68c55488e7750b0a36b153a27e24f1f32657130e6b270"),
 }
 
 
