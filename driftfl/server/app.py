@@ -106,6 +106,9 @@ def run_experiment(grid: Grid, experiment: Experiment, run_dir: Path, run_id: in
     print(console.partition_table(clients, list(experiment.data.classes), title), flush=True)
     if plan := strategy.release.plan(cfg.rounds):
         print(plan, flush=True)
+    if swamped := strategy.release.swamped(sum(  # the float coordinates DP noises
+            v.numel() for v in model.state_dict().values() if v.is_floating_point())):
+        print(swamped, flush=True)
     aux_labels = experiment.data.train_y[experiment.aux_indices]
     recorder.partition({"dataset": cfg.dataset.name, "partition": cfg.partition.model_dump(),
                         "seed": cfg.seed, "classes": list(experiment.data.classes),
