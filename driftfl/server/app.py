@@ -160,7 +160,8 @@ def run_experiment(grid: Grid, experiment: Experiment, run_dir: Path, run_id: in
                "best_accuracy": best["test_accuracy"], "best_round": best["round"],
                "seconds": recorder.seconds(),
                **byte_totals(rows), **privacy_summary(strategy, rows, budget)}
-    recorder.finish(model, summary, title)
+    note = console.protection_note(strategy.release.label, summary)
+    recorder.finish(model, summary, f"{title}\n{note}" if note else title)
     if summary["status"] == "failed":
         raise ConfigError(summary["reason"])
     print(console.summary_line(summary, run_dir), flush=True)
@@ -224,7 +225,9 @@ class RoundEvaluator:
         # differential privacy: what the round released with, and epsilon so far
         row.update(self.strategy.release.columns(server_round))
         self.recorder.add_round(row)
-        print(console.round_line(row, self.cfg.rounds), flush=True)
+        print(console.round_line(row, self.cfg.rounds, secure=self.cfg.secagg.enabled,
+                                 dp=self.cfg.privacy.name if self.cfg.privacy.enabled else ""),
+              flush=True)
         self.round_started = now
         return MetricRecord({"accuracy": accuracy, "loss": loss})
 

@@ -262,5 +262,5 @@ def plot_accuracy(rows: list[dict], path: Path, title: str) -> None:
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     fig.suptitle(title)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=120, metadata={"Title": title})  # a script can read what it shows
     plt.close(fig)
