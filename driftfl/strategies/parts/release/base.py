@@ -246,7 +246,9 @@ class PrivateRelease(Release):
     def needed(self, dimension: int) -> int:
         """The fewest clients a round needs for its noise per coordinate to be at most
         C / sqrt(d) (``round_noise`` falls as m grows)."""
-        enough = lambda m: self.round_noise(m) <= self.settings.clip / math.sqrt(dimension)
+        def enough(clients: int) -> bool:
+            return self.round_noise(clients) <= self.settings.clip / math.sqrt(dimension)
+
         low, high = 1, 2
         while not enough(high):
             low, high = high, 2 * high
