@@ -92,6 +92,10 @@ def flwr_env(flwr_home: str, ray_address: str | None = None) -> dict[str, str]:
     return {**env, "PATH": path, "FLWR_HOME": flwr_home,
             "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
             "DRIFTFL_GIT_REVISION": git_revision(), "PYTHONUNBUFFERED": "1",
+            # the clients' lines as they print them: Ray would fold lines alike across its
+            # workers into "[repeated 4x across cluster]" (hiding all but one client's) and
+            # colour the prefix that names the worker, which relay() takes off
+            "RAY_DEDUP_LOGS": "0", "RAY_COLOR_PREFIX": "0",
             # Ray's start-up tip about a future default says nothing about this run
             "PYTHONWARNINGS": ",".join(filter(None, [os.environ.get("PYTHONWARNINGS"),
                                                       "ignore:Tip:FutureWarning"]))}

@@ -1,6 +1,8 @@
 """What a driftfl user reads: the run's own lines. Flower's and Ray's start-up notices, tips
 and warnings about settings driftfl chose on purpose reach the console through `flwr run
---stream`; ``driftfl run`` leaves them out unless ``verbose=true``."""
+--stream`; ``driftfl run`` leaves them out unless ``verbose=true``, and shows a simulated
+client's lines as the client printed them, without the prefix Ray puts before a worker's
+output ("(ClientAppActor pid=4242) ")."""
 
 from __future__ import annotations
 
@@ -31,6 +33,11 @@ NOISE = re.compile("|".join([
 ]))
 
 
+# Ray's prefix before a line a worker printed: the actor or task, its pid, another host's ip
+WORKER_PREFIX = re.compile(r"^(?:\x1b\[[0-9;]*m)?\((?:[\w.]+ )?pid=\d+(?:, ip=[\w.:-]+)?\)"
+                           r"(?:\x1b\[[0-9;]*m)? ")
+
+
 def is_noise(line: str) -> bool:
     """Whether ``line`` is one of Flower's or Ray's lines that say nothing about the run."""
     return bool(NOISE.search(ANSI.sub("", line)))
@@ -43,7 +50,7 @@ def relay(lines: Iterable[str], verbose: bool, out=None, last: str | None = None
     out = out or sys.stdout
     for line in lines:
         if verbose or not is_noise(line):
-            out.write(line)
+            out.write(line if verbose else WORKER_PREFIX.sub("", line))
             out.flush()
         if last and ANSI.sub("", line).startswith(last):
             return True

@@ -27,6 +27,7 @@ from driftfl.common.protocol import (CONDENSE, CONDENSE_EPSILON, CONDENSE_SECOND
 from driftfl.common.training import TrainSettings, TrainStats, train_locally
 
 from driftfl.dcfl.condense import CondenseConfig, condense, noise_clip, progress_line
+from driftfl.client import node
 from driftfl.client.job import ClientJob
 from driftfl.client.state import keep, recall
 
@@ -135,7 +136,8 @@ class DCFLClient:
             augment=augment, generator=generator, progress=progress, privacy=privacy)
         seconds = time.perf_counter() - started
         found = self.similarity(images, x)
-        print(f"condense: client {client}: {found.line()}", flush=True)
+        if not node.in_simulation():  # `driftfl run` audits a simulation's sets after it
+            print(f"condense: client {client}: {found.line()}", flush=True)
         if privacy is not None:
             keep(job.context, RELEASED_SET, {"images": images, "labels": labels})
             return images, labels, {CONDENSE_EPSILON: privacy.epsilon}

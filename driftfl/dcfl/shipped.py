@@ -49,10 +49,11 @@ def announce(s: CondensationSettings, histograms: Sequence[tuple[str, np.ndarray
     how = f"{s.condensation.upper()} from {s.condense_init}, {s.condense_iterations} iterations"
     print(f"DCFL: each explored client sends the server {s.ipc} condensed images per class "
           f"it holds ({how}) and its classifier; the server sends them on to other "
-          "clients. Each client prints how close its set is to its own images when it "
+          "clients. Each client measures how close its set is to its own images when it "
           "condenses (condensed_copies, condensed_similarity in metrics.csv"
-          + (", not sent under DP-DM" if s.condense_dp else "") + "); `driftfl audit <run "
-          "dir>` measures it again.", flush=True)
+          + (", not sent under DP-DM" if s.condense_dp else "") + "; a deployed node prints "
+          "it); `driftfl run` prints the audit of a simulation's sets after the run, and "
+          "`driftfl audit <run dir>` measures them again.", flush=True)
     if s.condense_init == "real":
         log(WARNING, REAL_INIT_WARNING)
     clip = (f"{s.condense_dp_clip:g}" if s.condense_dp_clip is not None else

@@ -29,7 +29,7 @@ from driftfl.strategies import DriftStrategy
 from driftfl.strategies.parts.aggregation import to_numpy, to_record
 
 from . import checkpoint, console
-from .client_eval import client_figures, spread_columns
+from .client_eval import client_figures, client_rows, spread_columns
 from .experiment import Experiment, prepare_experiment
 from .federation import Federation
 from .results import RunRecorder
@@ -110,6 +110,9 @@ def run_experiment(grid: Grid, experiment: Experiment, run_dir: Path, run_id: in
         print(warning, flush=True)
     if plan := strategy.release.plan(cfg.rounds):
         print(plan, flush=True)
+    if swamped := strategy.release.swamped(sum(  # the float coordinates DP noises
+            v.numel() for v in model.state_dict().values() if v.is_floating_point())):
+        print(swamped, flush=True)
     aux_labels = experiment.data.train_y[experiment.aux_indices]
     recorder.partition({"dataset": cfg.dataset.name, "partition": cfg.partition.model_dump(),
                         "seed": cfg.seed, "classes": list(experiment.data.classes),
@@ -161,7 +164,8 @@ def run_experiment(grid: Grid, experiment: Experiment, run_dir: Path, run_id: in
                "best_accuracy": best["test_accuracy"], "best_round": best["round"],
                "seconds": recorder.seconds(), **gaps,
                **byte_totals(rows), **privacy_summary(strategy, rows, budget)}
-    recorder.finish(model, summary, title)
+    note = console.protection_note(strategy.release.label, summary)
+    recorder.finish(model, summary, f"{title}\n{note}" if note else title)
     if summary["status"] == "failed":
         raise ConfigError(summary["reason"])
     print(console.summary_line(summary, run_dir), flush=True)
@@ -201,10 +205,11 @@ class RoundEvaluator:
             row.update(self.strategy.server_metrics(self.accuracy_of))
             self.recorder.add_arrays(server_round, self.strategy.round_arrays())
             self.recorder.add_images(self.strategy.round_images(), self.mean, self.std)
-            figures = client_figures(server_round, self.strategy.last_updates,
-                                     self.strategy.clients.name)
+            updates, clients = self.strategy.last_updates, self.strategy.clients
+            figures = client_figures(server_round, updates, clients.name)
             row.update(spread_columns(figures))  # per-client evaluation (client_test_fraction)
-            self.recorder.add_clients(server_round, figures)
+            self.recorder.add_clients(server_round, client_rows(server_round, report, updates,
+                                                                  clients))
         now = time.perf_counter()  # diagnostics above count as evaluation, not training
         traffic = self.grid.take()  # in all and by payload kind (round 0: the data survey)
         row.update({"seconds": now - self.round_started,
@@ -225,7 +230,9 @@ class RoundEvaluator:
         # differential privacy: what the round released with, and epsilon so far
         row.update(self.strategy.release.columns(server_round))
         self.recorder.add_round(row)
-        print(console.round_line(row, self.cfg.rounds), flush=True)
+        release = self.strategy.release
+        print(console.round_line(row, self.cfg.rounds, secure=release.secure,
+                                 dp="" if release.name == "plain" else release.name), flush=True)
         self.round_started = now
         return MetricRecord({"accuracy": accuracy, "loss": loss})
 

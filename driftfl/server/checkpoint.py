@@ -45,10 +45,10 @@ FORMAT = "driftfl checkpoint"
 VERSION = 3  # 1 was the pickle of earlier driftfl, refused unread; 2 kept the survey's state
 #              on the strategy itself, not in its clients part
 # strategy attributes that belong to one round (the replies, the round's report, the round
-# plan's assignments, drawn afresh from the seed each round) or to one process (the roster
-# holds the grid): made afresh, never saved
+# plan's assignments, drawn afresh from the seed each round; a DP release's diagnostics, kept in
+# the rows) or to one process (the roster holds the grid): made afresh, never saved
 TRANSIENT = frozenset({"train_messages", "last_updates", "report", "payload_sum", "released",
-                       "plan"})
+                       "plan", "diagnostics"})
 KEYS = ("format", "version", "round", "config", "arrays", "strategy", "rng", "rows",
         "recorded", "seconds")
 ROW_NUMBERS = ("round", "test_accuracy", "test_loss", "model_updated", "bytes_sent",

@@ -1,7 +1,8 @@
-"""Per-client evaluation in the run directory: each evaluating client's accuracy on its
-held-out split before and after local training (clients.csv), and their spread across the
-clients in the round's row (client_acc_before_mean, ..._std, ..._worst10, ..._best, the same
-with after)."""
+"""What the run directory keeps per client: every round's clients in clients.csv (examples,
+what became of each, and with per-client evaluation each evaluating client's accuracy on its
+held-out split before and after local training), and the evaluation's spread across the clients
+in the round's row (client_acc_before_mean, ..._std, ..._worst10, ..._best, the same with
+after)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,24 @@ def client_figures(server_round: int, updates, name_of) -> list[dict]:
     return [{"round": server_round, "client": name_of(u.node_id),
              "acc_before": u.metrics[ACC_BEFORE], "acc_after": u.metrics[ACC_AFTER]}
             for u in updates if ACC_BEFORE in u.metrics and ACC_AFTER in u.metrics]
+
+
+def client_rows(server_round: int, report, updates, clients) -> list[dict]:
+    """clients.csv's rows of a round: every client it sent a train message or dropped before
+    training, in partition order, with its examples (the data survey's), its ``outcome``
+    (accepted, rejected, dropped, lost, late: the round report's) and, where measured, its
+    accuracies before and after local training."""
+    outcome = {clients.name(u.node_id): "accepted" for u in updates}
+    for what, names in (("rejected", report.rejected_partitions), ("dropped", report.dropped),
+                        ("lost", report.lost), ("late", report.late)):
+        outcome.update(dict.fromkeys(names, what))
+    examples = {clients.name(node): count for node, count in (clients.surveyed or {}).items()}
+    figures = {f["client"]: f for f in client_figures(server_round, updates, clients.name)}
+    return [{"round": server_round, "client": name, "examples": examples.get(name, ""),
+             "outcome": outcome[name],
+             **{k: v for k, v in figures.get(name, {}).items() if k.startswith("acc_")}}
+            for name in sorted(outcome, key=lambda n: (not n.isdigit(), int(n) if n.isdigit()
+                                                       else 0, n))]
 
 
 def spread_columns(figures: list[dict]) -> dict[str, float]:

@@ -82,15 +82,19 @@ def _spread(what: str, values: list[int]) -> str:
             f"max {ordered[-1]}")
 
 
-def round_line(row: dict, rounds: int) -> str:
+def round_line(row: dict, rounds: int, *, secure: bool = False, dp: str = "") -> str:
+    """The round's line; ``secure``: SecAgg+ summed the replies, ``dp``: the privacy mode
+    ("central", "distributed"; "": none)."""
     text = (f"round {row['round']:>3}/{rounds}  test acc {100 * row['test_accuracy']:6.2f}%  "
             f"loss {row['test_loss']:.4f}  |  train {row['train_seconds']:.1f} s  "
             f"eval {row['eval_seconds']:.1f} s")
     if row["round"] > 0:
-        text += (f"  |  {row['clients']} clients, {_size(row['bytes_sent'])} out, "
-                 f"{_size(row['bytes_received'])} in")
+        text += (f"  |  {'secagg+ ' if secure else ''}{row['clients']} clients, "
+                 f"{_size(row['bytes_sent'])} out, {_size(row['bytes_received'])} in")
         if row.get("rejected"):
             text += f", {row['rejected']} rejected (partitions {row['rejected_partitions']})"
+        if row.get("dropped_partitions"):
+            text += f", dropped: partition(s) {row['dropped_partitions']}"
         if row.get("lost_partitions"):
             text += f", lost: partition(s) {row['lost_partitions']}"
         if row.get("late_partitions"):
@@ -103,8 +107,32 @@ def round_line(row: dict, rounds: int) -> str:
         elif not row["model_updated"]:
             text += "  |  the aggregate was refused: the global model stays"
     if "epsilon" in row:  # differential privacy: spent so far, at the run's delta
-        text += f"  |  epsilon {row['epsilon']:.3g}"
+        text += f"  |  {'DP ' + dp + ', ' if dp else ''}epsilon {row['epsilon']:.3g}"
+        text += _dp_figures(row)
     return text
+
+
+def _dp_figures(row: dict) -> str:
+    """Why a DP round learnt or not: the released update's norm against its noise's alone
+    (covered by epsilon); under central the exact norms the trusted server saw (not covered)."""
+    if "dp_update_norm" not in row:
+        return ""  # nothing was released
+    text = (f": update norm {row['dp_update_norm']:.3g} (its noise alone "
+            f"{row['dp_noise_norm']:.3g})")
+    if "dp_clipped_share" in row and row["dp_clipped_share"] == row["dp_clipped_share"]:
+        text += (f"; {100 * row['dp_clipped_share']:.0f}% clipped, median norm "
+                 f"{row['dp_median_norm']:.3g} (exact, not covered by epsilon)")
+    return text
+
+
+def protection_note(label: str, summary: dict) -> str:
+    """What protected the run, for accuracy.png: the release's ``label`` ("DP central",
+    "secagg+", ...) with the epsilon spent at its delta where DP was on ("": unprotected)."""
+    if "delta" not in summary:
+        return {"secagg+": "secure aggregation: SecAgg+"}.get(label, label)
+    epsilon = summary.get("epsilon")
+    spent = f"{epsilon:.3g}" if epsilon is not None else "inf"
+    return f"{label}: epsilon {spent} at delta {summary['delta']:g}"
 
 
 def summary_line(summary: dict, run_dir) -> str:

@@ -78,15 +78,13 @@ CLIENTS_CSV = "clients.csv"
 
 
 def _earlier_clients(run_dir: Path, last_round: int) -> list[dict]:
-    """clients.csv's rows up to the round a resumed run goes on after."""
+    """clients.csv's rows up to the round a resumed run goes on after (as written)."""
     path = run_dir / CLIENTS_CSV
     if not path.is_file():
         return []
     with open(path, newline="") as f:
         rows = list(csv.DictReader(f))
-    return [{"round": int(r["round"]), "client": r["client"],
-             "acc_before": float(r["acc_before"]), "acc_after": float(r["acc_after"])}
-            for r in rows if int(r["round"]) <= last_round]
+    return [{**r, "round": int(r["round"])} for r in rows if int(r["round"]) <= last_round]
 
 
 class RunRecorder:
@@ -155,13 +153,14 @@ class RunRecorder:
         if self.tracker:
             self.tracker.add_round(flat[-1])
 
-    def add_clients(self, server_round: int, figures: list[dict]) -> None:
-        """clients.csv: every evaluating client's accuracies on its held-out split, per round."""
-        if not figures:
+    def add_clients(self, server_round: int, rows: list[dict]) -> None:
+        """clients.csv: each round's clients (client_eval.client_rows), every round so far."""
+        if not rows:
             return
-        self.clients += figures
+        self.clients += rows
         with open(self.dir / CLIENTS_CSV, "w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=list(self.clients[0]))
+            writer = csv.DictWriter(f, fieldnames=list(dict.fromkeys(
+                k for r in self.clients for k in r)))
             writer.writeheader()
             writer.writerows(self.clients)
 
@@ -187,6 +186,8 @@ class RunRecorder:
         self._write_json("metrics.json", {"rounds": self.rows, "summary": summary})
         self._write_json("summary.json", summary)
         plot_accuracy(self.rows, self.dir / "accuracy.png", title)
+        if self.clients:
+            plot_clients(self.clients, self.dir / "clients.png", title)
         for name, by_round in self.arrays.items():
             plot_heatmaps(by_round, self.dir / f"{name}.png", name)
         if self.tracker:
@@ -244,6 +245,60 @@ def plot_heatmaps(by_round: dict[str, np.ndarray], path: Path, name: str) -> Non
     plt.close(fig)
 
 
+OUTCOME_COLOURS = {"accepted": "tab:green", "rejected": "tab:red", "dropped": "tab:gray",
+                   "lost": "black", "late": "tab:orange"}
+
+
+def plot_clients(rows: list[dict], path: Path, title: str) -> None:
+    """clients.csv in a picture: per client the rounds it was in, by outcome, and where
+    per-client evaluation ran, its last measured accuracy before and after local training."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(dict.fromkeys(r["client"] for r in sorted(
+        rows, key=lambda r: (not str(r["client"]).isdigit(),
+                             int(r["client"]) if str(r["client"]).isdigit() else 0))))
+    place = {name: i for i, name in enumerate(names)}
+    last: dict[str, dict] = {}  # the last measured accuracies per client
+    for r in rows:
+        if r.get("acc_after") not in (None, ""):
+            last[r["client"]] = r
+    fig, axes = plt.subplots(1, 2 if last else 1, figsize=(11 if last else 6,
+                             max(3.0, 0.22 * len(names) + 1.2)), squeeze=False)
+    bars, left = axes[0][0], np.zeros(len(names))
+    for outcome, colour in OUTCOME_COLOURS.items():
+        counts = np.zeros(len(names))
+        for r in rows:
+            if r.get("outcome", "accepted") == outcome:
+                counts[place[r["client"]]] += 1
+        if counts.any():
+            bars.barh(range(len(names)), counts, left=left, color=colour, label=outcome)
+            left += counts
+    bars.set(xlabel="rounds", ylabel="client", title="rounds per client, by outcome")
+    bars.set_yticks(range(len(names)), names, fontsize=7 if len(names) > 20 else 9)
+    bars.invert_yaxis()
+    bars.legend(fontsize=8, ncol=len(OUTCOME_COLOURS), loc="upper center",
+                bbox_to_anchor=(0.5, -0.3 if len(names) < 8 else -0.12))
+    if last:
+        accuracy = axes[0][1]
+        for phase, marker in (("before", "o"), ("after", "s")):
+            shown = [n for n in names if n in last]
+            accuracy.scatter([100 * float(last[n][f"acc_{phase}"]) for n in shown],
+                             [place[n] for n in shown], marker=marker,
+                             label=f"{phase} local training")
+        accuracy.set(xlabel="accuracy on its held-out split (%)",
+                     title="last measured round", ylim=bars.get_ylim())
+        accuracy.set_yticks([])
+        accuracy.legend(fontsize=8)
+        accuracy.grid(alpha=0.3)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def plot_accuracy(rows: list[dict], path: Path, title: str) -> None:
     import matplotlib
 
@@ -262,5 +317,5 @@ def plot_accuracy(rows: list[dict], path: Path, title: str) -> None:
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     fig.suptitle(title)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=120, metadata={"Title": title})  # a script can read what it shows
     plt.close(fig)

@@ -283,3 +283,16 @@ def test_the_server_announces_a_null_clip_as_the_clients_default(capsys):
     printed = capsys.readouterr().out
     assert "clipped to the median norm of noise images" in printed and "replace-one" in printed
     assert "not sent under DP-DM" in printed
+
+
+def test_a_simulated_client_leaves_its_similarity_line_to_the_audit_after_the_run(
+        capsys, monkeypatch):
+    """`driftfl run` audits a simulation's shipped sets and prints each client's line once;
+    the client's own copy would be the same line twice on the one console."""
+    from driftfl.client import node
+
+    x, y = client_data()
+    monkeypatch.setattr(node, "in_simulation", lambda: True)
+    dcfl_client({}).condense(x, y, torch.Generator())
+    printed = capsys.readouterr().out
+    assert "condense: client" in printed and "Pearson correlation" not in printed

@@ -54,7 +54,7 @@ def test_driftfl_run_trains_and_writes_the_run_directory(tmp_path, fmnist_availa
 
     rows = assert_learned(run_dir)
     for name in ("config.yaml", "meta.json", "metrics.csv", "partition.json", "model.pt",
-                 "accuracy.png", "summary.json"):
+                 "accuracy.png", "summary.json", "clients.csv", "clients.png"):
         assert (run_dir / name).is_file(), name
     trained = rows[1]
     # every client trained on the partition the server assigned it: a reply claiming more
@@ -289,8 +289,15 @@ def test_a_private_run_reports_epsilon_and_stops_at_its_budget(tmp_path, fmnist_
     assert "driftfl: 2 rounds in" in out.stdout
     assert "privacy: distributed DP-FedAvg: each client clips its update to C = 1" in out.stdout
     assert "Without secagg=secaggplus the server sees each client's update" in out.stdout
-    assert f"epsilon {epsilons[2]:.3g}" in out.stdout
+    assert f"DP distributed, epsilon {epsilons[2]:.3g}: update norm " in out.stdout
+    # 4 shares of 0.3 / sqrt(4) on their mean: 0.075 per coordinate of the mlp's 199,210,
+    # against C / sqrt(d) = 0.00224; m ceil(0.8 m) >= 0.3^2 x 199210 = 17929 first at m = 150
+    assert [r["dp_noise_norm"] for r in rows[1:]] == pytest.approx([0.075 * 199_210 ** 0.5] * 2)
+    assert "privacy: warning: the noise per coordinate of a round's update, sigma C / " \
+           "sqrt(m m_min) = 0.3 x 1 / sqrt(4 x 4) = 0.075" in out.stdout
+    assert "it needs m >= 150 clients a round (now 4)" in out.stdout
     summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["dp_last_round"]["round"] == 2 and "dp_median_norm" not in rows[1]
     assert summary["status"] == "completed" and summary["rounds_run"] == 2
     assert summary["epsilon"] == epsilons[2] and summary["delta"] == 1e-5
     header = (run_dir / "metrics.csv").read_text().splitlines()[0].split(",")
@@ -314,6 +321,7 @@ def test_driftfl_run_with_secaggplus_trains_through_flowers_secure_aggregation(
     assert "privacy: distributed DP-FedAvg" in out.stdout
     assert "SecAgg+ shows the server only the sum" in out.stdout
     assert "SCAFFOLD's control deltas clipped to privacy.payload_clip=" in out.stdout
+    assert "|  secagg+ 3 clients, " in out.stdout and "DP distributed, secagg+" not in out.stdout
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "completed"
     rows = read_rounds(run_dir)
@@ -357,4 +365,23 @@ def test_per_client_evaluation_and_drawn_epochs_in_a_real_run(tmp_path, fmnist_a
                     <= row[f"client_acc_{phase}_best"] <= 1)
     assert rows[2]["client_acc_before_mean"] > 0.3  # round 2 starts from a trained model
     figures = (run_dir / "clients.csv").read_text().splitlines()
-    assert figures[0] == "round,client,acc_before,acc_after" and len(figures) == 1 + 2 * 3
+    assert figures[0] == "round,client,examples,outcome,acc_before,acc_after"
+    assert len(figures) == 1 + 2 * 3 and all(",accepted,0." in f for f in figures[1:])
+    assert (run_dir / "clients.png").is_file()
+
+
+def test_a_dcfl_runs_console_shows_driftfls_lines_each_once(tmp_path, fmnist_available):
+    """The clients' lines come without Ray's "(ClientAppActor pid=...)" prefix and none is
+    folded into "[repeated Nx across cluster]"; each client's similarity line comes once,
+    from the audit after the run."""
+    run_dir = tmp_path / "run"
+    out = subprocess.run([driftfl_bin(), "run", "strategy=dcfl", "rounds=2", "model=mlp",
+                          "dataset.subset=3000", "num_clients=4",
+                          "strategy.condense_iterations=20", f"hydra.run.dir={run_dir}"],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    console = out.stdout + out.stderr
+    assert out.returncode == 0, console[-3000:]
+    assert not re.search(r"pid=\d+|repeated \d+x|\x1b\[36m", console), console
+    for client in range(4):
+        assert len(re.findall(rf"client {client}: \d+ of \d+ shipped images", console)) == 1
+        assert re.search(rf"^condense: client {client} iteration 20/20, ", console, re.M)

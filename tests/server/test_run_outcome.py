@@ -63,6 +63,13 @@ def test_a_round_in_which_every_client_was_late_leaves_the_run_incomplete(tmp_pa
     assert summary["status"] == "incomplete" and summary["rounds_without_usable_reply"] == 1
     assert summary["reason"] == ("round(s) 2 got no usable client reply or had their aggregate "
                                  "refused (the global model learnt nothing)")
+    # clients.csv says what became of each client in each round, clients.png draws it
+    held = {str(c["partition_id"]): c["num_examples"] for c in json.loads(
+        (tmp_path / "partition.json").read_text())["clients"]}
+    assert (tmp_path / "clients.csv").read_text().splitlines() == [
+        "round,client,examples,outcome", f"1,0,{held['0']},accepted", f"1,1,{held['1']},accepted",
+        f"2,0,{held['0']},late", f"2,1,{held['1']},late"]
+    assert (tmp_path / "clients.png").is_file()
 
 
 def test_a_lost_client_below_min_clients_stops_the_run_as_failed(tmp_path):
@@ -72,6 +79,8 @@ def test_a_lost_client_below_min_clients_stops_the_run_as_failed(tmp_path):
     summary, rows = run(tmp_path, partition_1_lost_in_round_1, "rounds=3", "min_clients=2",
                         "rejoin_wait=0")
     assert rows[1]["lost_partitions"] == "1" and rows[1]["late_partitions"] == ""
+    assert [line.split(",")[3] for line in (tmp_path / "clients.csv").read_text().splitlines()
+            ] == ["outcome", "accepted", "lost"]
     assert len(rows) == 2 and summary["status"] == "failed"
     assert summary["reason"].startswith("round 2: only 1 of 2 clients are connected")
     assert (tmp_path / "model.pt").is_file()

@@ -149,6 +149,28 @@ def test_round_line_shows_accuracy_time_and_traffic():
                             "global model stays")
 
 
+def test_round_line_names_dropped_lost_and_late_clients_and_the_protection():
+    row = {"round": 1, "test_accuracy": 0.5, "test_loss": 1.0, "train_seconds": 1.0,
+           "eval_seconds": 0.5, "clients": 7, "bytes_sent": 10, "bytes_received": 10,
+           "rejected": 0, "model_updated": 1, "dropped_partitions": "3 8",
+           "lost_partitions": "5", "late_partitions": "1"}
+    assert console.round_line(row, 2).endswith(
+        "|  7 clients, 10 B out, 10 B in, dropped: partition(s) 3 8, lost: partition(s) 5, "
+        "late: partition(s) 1")
+    assert "|  secagg+ 7 clients, 10 B out" in console.round_line(row, 2, secure=True)
+    private = {**row, "epsilon": 1.234, "dp_update_norm": 0.25, "dp_noise_norm": 9.0333}
+    assert console.round_line(private, 2, dp="distributed").endswith(
+        "late: partition(s) 1  |  DP distributed, epsilon 1.23: update norm 0.25 (its noise "
+        "alone 9.03)")
+    central = {**private, "dp_median_norm": 2.0, "dp_clipped_share": 2 / 3}
+    assert console.round_line(central, 2, dp="central").endswith(
+        "|  DP central, epsilon 1.23: update norm 0.25 (its noise alone 9.03); 67% clipped, "
+        "median norm 2 (exact, not covered by epsilon)")
+    withheld = {**row, "epsilon": 1.234}  # nothing released: epsilon alone
+    assert console.round_line(withheld, 2, dp="distributed").endswith(
+        "|  DP distributed, epsilon 1.23")
+
+
 def test_in_simulation_the_server_assigns_partitions_in_registration_order(server_task):
     from flwr.app import ConfigRecord, Message, RecordDict
     from flwr.proto.node_pb2 import NodeInfo
@@ -196,3 +218,20 @@ def test_in_simulation_the_server_assigns_partitions_in_registration_order(serve
             for m in sent] == [(2, 3), (0, 3)]
     assert ASSIGNED_PARTITION not in shared[CONFIG]  # the strategy's record is left alone
     assert sent[0].content[CONFIG]["experiment"] == "{}"
+
+
+def test_accuracy_png_says_what_protected_the_run(tmp_path):
+    from PIL import Image
+
+    from driftfl.server.results import plot_accuracy
+
+    assert console.protection_note("", {}) == ""
+    assert console.protection_note("secagg+", {}) == "secure aggregation: SecAgg+"
+    note = console.protection_note("DP central", {"epsilon": 1.2345, "delta": 1e-5})
+    assert note == "DP central: epsilon 1.23 at delta 1e-05"
+    assert console.protection_note("DP distributed, secagg+", {"epsilon": None, "delta": 1e-5}
+                                   ) == "DP distributed, secagg+: epsilon inf at delta 1e-05"
+    rows = [{"round": r, "test_accuracy": 0.1 * r, "test_loss": 2.0 - r} for r in range(3)]
+    plot_accuracy(rows, tmp_path / "accuracy.png", f"fedavg on fmnist\n{note}")
+    with Image.open(tmp_path / "accuracy.png") as png:
+        assert png.text["Title"] == f"fedavg on fmnist\n{note}"

@@ -187,3 +187,35 @@ def test_clients_csv_keeps_every_round_and_a_resumed_run_the_rounds_before_it(tm
     resumed.add_clients(3, [{"round": 3, "client": "0", "acc_before": 0.5, "acc_after": 0.75}])
     assert (tmp_path / "clients.csv").read_text().splitlines()[1:] == [
         "1,0,0.25,0.5", "2,0,0.25,0.5", "3,0,0.5,0.75"]
+
+
+def test_clients_csv_names_every_clients_outcome_and_clients_png_draws_it(tmp_path):
+    from types import SimpleNamespace
+
+    from driftfl.common.client_split import ACC_AFTER, ACC_BEFORE
+    from driftfl.server.client_eval import client_rows
+    from driftfl.server.results import RunRecorder
+    from driftfl.strategies.parts.clients import KnownClients
+    from driftfl.strategies.round_report import RoundReport
+
+    clients = KnownClients()
+    clients.meet([{"node_id": 100 + p, "partition_id": p, "num_examples": 10 * (p + 1)}
+                  for p in range(5)] + [{"node_id": 7, "partition_id": -1, "num_examples": 3}])
+    report = RoundReport(rejected_partitions=["1"], dropped=["4"], lost=["node7"], late=["2"])
+    measured = SimpleNamespace(node_id=103, metrics={ACC_BEFORE: 0.25, ACC_AFTER: 0.75})
+    rows = client_rows(5, report, [SimpleNamespace(node_id=100, metrics={}), measured],
+                       clients)
+    assert [(r["client"], r["examples"], r["outcome"]) for r in rows] == [
+        ("0", 10, "accepted"), ("1", 20, "rejected"), ("2", 30, "late"), ("3", 40, "accepted"),
+        ("4", 50, "dropped"), ("node7", 3, "lost")]
+    assert rows[3] == {"round": 5, "client": "3", "examples": 40, "outcome": "accepted",
+                       "acc_before": 0.25, "acc_after": 0.75}
+    recorder = RunRecorder(tmp_path, compose([]))
+    recorder.add_clients(5, rows)
+    assert (tmp_path / "clients.csv").read_text().splitlines()[:5] == [
+        "round,client,examples,outcome,acc_before,acc_after", "5,0,10,accepted,,",
+        "5,1,20,rejected,,", "5,2,30,late,,", "5,3,40,accepted,0.25,0.75"]
+    from driftfl.server.results import plot_clients
+
+    plot_clients(recorder.clients, tmp_path / "clients.png", "t")
+    assert (tmp_path / "clients.png").stat().st_size > 0

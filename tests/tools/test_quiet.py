@@ -59,3 +59,22 @@ def test_following_stops_after_the_results_line_and_reads_no_further():
     assert next(lines) == FLOWER[0]  # still unread
     # a run that never got there (failed, or its stream broke): every line, and False
     assert not relay(iter(FLOWER + DRIFTFL), verbose=True, out=io.StringIO(), last=RESULTS)
+
+
+def test_a_simulated_clients_lines_come_as_it_printed_them_each_once():
+    """Ray names the worker before each line it forwards, coloured unless RAY_COLOR_PREFIX=0
+    (which driftfl run sets, with RAY_DEDUP_LOGS=0 so that no client's line is folded into
+    another's "[repeated 4x across cluster]")."""
+    from driftfl.launch import flwr_env
+
+    printed = ["condense: client 3 iteration 5/20, matching loss 1.664, 1.4 s\n",
+               "condense: client 0 iteration 5/20, matching loss 1.436, 0.1 s\n"]
+    forwarded = ["\x1b[36m(ClientAppActor pid=11907)\x1b[0m " + printed[0],
+                 "(ClientAppActor pid=11906, ip=10.0.0.2) " + printed[1]]
+    quiet, verbose = io.StringIO(), io.StringIO()
+    relay(forwarded, verbose=False, out=quiet)
+    relay(forwarded, verbose=True, out=verbose)
+    assert quiet.getvalue() == "".join(printed)
+    assert verbose.getvalue() == "".join(forwarded)
+    env = flwr_env("/tmp/x")
+    assert env["RAY_DEDUP_LOGS"] == "0" and env["RAY_COLOR_PREFIX"] == "0"

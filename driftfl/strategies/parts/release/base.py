@@ -183,6 +183,16 @@ class Release:
         """Why round ``server_round`` must not run (None: it may)."""
         return None
 
+    @property
+    def label(self) -> str:
+        """The protection in a few words, for the round line and accuracy.png ("": none)."""
+        return "secagg+" if self.secure else ""
+
+    def swamped(self, dimension: int) -> str:
+        """A warning line before round 1 when the noise outweighs the clients' updates ("":
+        none), for a model of ``dimension`` float coordinates."""
+        return ""
+
     def plan(self, rounds: int) -> str:
         """The lines a run prints before round 1 ("": none)."""
         if self.secure:
@@ -212,6 +222,75 @@ class PrivateRelease(Release):
         # per round released: [round, the sampling rate credited, the noise multipliers of
         # its Gaussian sums (the update's, the payload's, ...)]
         self.spent: list[list[float]] = []
+        # per round released: what says why the run learns or not (``diagnose``)
+        self.diagnostics: dict[int, dict[str, float]] = {}
+
+    @property
+    def label(self) -> str:
+        return f"DP {self.name}" + (", secagg+" if self.secure else "")
+
+    @property
+    def expected(self) -> float:
+        """m: the clients a round selects (central: q N, its sample's expected size)."""
+        return self.per_round
+
+    def round_noise(self, clients: float) -> float:
+        """The noise's std per coordinate of the mean update of a round that selects
+        ``clients`` (m), every reply arriving."""
+        raise NotImplementedError
+
+    def noise_words(self, clients: float) -> str:
+        """How ``round_noise(clients)`` is made, in words."""
+        raise NotImplementedError
+
+    def needed(self, dimension: int) -> int:
+        """The fewest clients a round needs for its noise per coordinate to be at most
+        C / sqrt(d) (``round_noise`` falls as m grows)."""
+        def enough(clients: int) -> bool:
+            return self.round_noise(clients) <= self.settings.clip / math.sqrt(dimension)
+
+        low, high = 1, 2
+        while not enough(high):
+            low, high = high, 2 * high
+        while low < high:  # the first m that is enough
+            mid = (low + high) // 2
+            low, high = (low, mid) if enough(mid) else (mid + 1, high)
+        return high
+
+    def swamped(self, dimension: int) -> str:
+        """The mean of m updates clipped to C has norm at most C: C / sqrt(d) per coordinate,
+        spread evenly over the model's d coordinates. A noise std per coordinate above that
+        (its norm, std sqrt(d), above C) outweighs even clients whose updates all point one
+        way. Said from the settings and the model's size alone, nothing of the clients'
+        data."""
+        m, clip = self.expected, self.settings.clip
+        std, typical = self.round_noise(m), clip / math.sqrt(dimension)
+        if std <= typical:
+            return ""
+        return (f"privacy: warning: the noise per coordinate of a round's update, "
+                f"{self.noise_words(m)} = {std:.3g}, exceeds a clipped update spread over the "
+                f"model's d = {dimension} coordinates, C / sqrt(d) = {typical:.3g}: the noise "
+                f"outweighs the clients' updates and the model may not learn; it needs "
+                f"m >= {self.needed(dimension)} clients a round (now {m:g}), a smaller model or "
+                "less noise")
+
+    def diagnose(self, server_round: int, mean_update: list[np.ndarray], noise_std: float,
+                 norms: list[float] | None = None, clip: float = 0.0) -> None:
+        """Keep the round's figures for ``columns``: the released mean update's norm
+        (``dp_update_norm``: post-processing of the release, covered by epsilon) beside the
+        norm its noise of std ``noise_std`` per coordinate has alone (``dp_noise_norm``: from
+        the settings and the count of replies, public); with ``norms``, the replies' update
+        norms before the clip as the trusted server saw them (central), their median and the
+        share over ``clip`` (exact: not covered by epsilon)."""
+        dimension = sum(a.size for a in mean_update)
+        figures = {"dp_update_norm": math.sqrt(sum(float(np.sum(np.square(a)))
+                                                   for a in mean_update)),
+                   "dp_noise_norm": noise_std * math.sqrt(dimension)}
+        if norms is not None:
+            figures["dp_median_norm"] = float(np.median(norms)) if norms else math.nan
+            figures["dp_clipped_share"] = (sum(n > clip for n in norms) / len(norms)
+                                           if norms else math.nan)
+        self.diagnostics[server_round] = figures
 
     @property
     def sums_payloads(self) -> bool:
@@ -260,6 +339,7 @@ class PrivateRelease(Release):
         if entry is not None:
             out.update({"dp_q": entry[1], "dp_sigma": entry[2]})
             out.update(dict(zip(self.stream_names, entry[3:])))
+        out.update(self.diagnostics.get(server_round, {}))
         return out
 
     @property
@@ -270,8 +350,11 @@ class PrivateRelease(Release):
     def summary(self) -> dict:
         rounds = int(max((e[0] for e in self.spent), default=0))
         epsilon = self.epsilon(rounds)
+        last = max(self.diagnostics, default=None)
         return {"epsilon": epsilon if math.isfinite(epsilon) else None,
-                "delta": self.settings.delta}
+                "delta": self.settings.delta,
+                **({"dp_last_round": {"round": last, **self.diagnostics[last]}}
+                   if last is not None else {})}
 
     def budget_words(self) -> str:
         target = self.settings.target_epsilon

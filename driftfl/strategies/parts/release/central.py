@@ -68,6 +68,13 @@ class CentralRelease(PrivateRelease):
     def planned(self):
         return self.rate, self.multipliers()
 
+    def round_noise(self, clients):
+        return self.multipliers()[0] * self.settings.clip / clients
+
+    def noise_words(self, clients):
+        return (f"sigma C / m = {self.multipliers()[0]:.3g} x {self.settings.clip:g} / "
+                f"{clients:g}")
+
     def sample(self, nodes, choose):
         # Poisson sampling from OS entropy: amplification holds only for a sample nobody
         # but the server can know (not the seeded selection, which config.yaml repeats)
@@ -83,14 +90,17 @@ class CentralRelease(PrivateRelease):
     def release(self, server_round, facts, updates, secure=None):
         s, sigmas = self.settings, self.multipliers()
         keys = float_keys(facts.global_arrays)
-        clipped, unclipped = [], 0
+        clipped, norms = [], []
         for update in updates:
             delta, norm = clip_update(deltas(update, facts), self.clip, in_place=True)
             clipped.append(delta)
-            unclipped += norm <= self.clip
+            norms.append(norm)
+        unclipped = sum(norm <= self.clip for norm in norms)
         shapes = [facts.global_arrays[k].shape for k in keys]
         total = self.noise(server_round, summed(clipped, shapes), sigmas[0] * self.clip)
         mean = [t / self.expected for t in total]
+        self.diagnose(server_round, mean, sigmas[0] * self.clip / self.expected, norms,
+                      self.clip)
         payload = self.payload_terms(updates, facts, s.payload_clip)
         if payload is not None:
             payload = dict(zip(payload, self.noise(server_round, list(payload.values()),

@@ -48,6 +48,15 @@ class DistributedRelease(PrivateRelease):
             return sigma / math.sqrt(self.shares)
         return sigma * math.sqrt(summed_count / self.shares)
 
+    def round_noise(self, clients):
+        shares = self.settings.noise_shares(int(clients))
+        return self.settings.noise_multiplier * self.settings.clip / math.sqrt(clients * shares)
+
+    def noise_words(self, clients):
+        s = self.settings
+        return (f"sigma C / sqrt(m m_min) = {s.noise_multiplier:g} x {s.clip:g} / "
+                f"sqrt({clients:g} x {s.noise_shares(int(clients))})")
+
     def planned(self):
         sigma = self.sigma_of(self.shares)  # the fewest survivors: the least noise
         return 1.0, (sigma,) * (2 if self.payload else 1)
@@ -105,13 +114,19 @@ class DistributedRelease(PrivateRelease):
                 f"{count} of the {len(facts.sent)} clients' noise shares arrived, fewer than "
                 f"the {self.shares} the noise needs (privacy.min_survivors="
                 f"{self.settings.min_survivors:g}): nothing is released"))
+        # m' shares of std sigma C / sqrt(m_min) on the mean over m'
+        noise_std = self.settings.noise_multiplier * self.settings.clip / math.sqrt(
+            count * self.shares)
         if secure is not None:
+            self.diagnose(server_round, secure.mean_update, noise_std)
             return Released(updates, mean_update=secure.mean_update,
                             payload_sum=secure.payload_sum, holders=[u.node_id for u in updates])
         keys = float_keys(facts.global_arrays)
         total = summed([deltas(u, facts) for u in updates],
                        [facts.global_arrays[k].shape for k in keys])
-        return Released(updates, mean_update=[t / count for t in total],
+        mean = [t / count for t in total]
+        self.diagnose(server_round, mean, noise_std)
+        return Released(updates, mean_update=mean,
                         payload_sum=self.payload_terms(updates, facts, None),
                         holders=[u.node_id for u in updates])
 
