@@ -1,9 +1,16 @@
 """How a run ended, for summary.json: ``completed`` (every round's model learnt from its clients),
 ``incomplete`` (some round got no usable reply, or fewer than min_clients were connected at the
 end: the model trained, but not as configured) or ``failed`` (no round trained, or the run was
-stopped); all but ``completed`` with a ``reason``."""
+stopped: after ``max_rounds_without_reply`` rounds in a row without a usable reply, say);
+all but ``completed`` with a ``reason``."""
 
 from __future__ import annotations
+
+from driftfl.common.error_replies import change_for
+
+
+class RunStopped(Exception):
+    """The run cannot go on (its message says why and what to change)."""
 
 
 def learned(row: dict) -> bool:
@@ -22,9 +29,8 @@ def run_status(rows: list[dict], *, stopped: str = "", connected: int | None = N
     idle = [r["round"] for r in rows[1:] if not learned(r)]
     if len(idle) == len(rows) - 1:
         return {"status": "failed", "reason": (
-            "no round got a usable client reply, so the model never trained"
-            + (f"; the last round's first rejection: {last_rejection}" if last_rejection
-               else ""))}
+            "no round got a usable client reply, so the model never trained; "
+            + why_none(rows[-1], last_rejection))}
     reasons = []
     if idle:
         reasons.append(f"round(s) {' '.join(map(str, idle))} got no usable client reply "
@@ -35,3 +41,36 @@ def run_status(rows: list[dict], *, stopped: str = "", connected: int | None = N
     if reasons:
         return {"status": "incomplete", "reason": "; ".join(reasons)}
     return {"status": "completed"}
+
+
+def without_reply(rows: list[dict]) -> list[int]:
+    """The rounds that end ``rows``, in a row, that got no usable client reply."""
+    ended = []
+    for row in reversed(rows[1:]):
+        if row.get("clients", 1):
+            break
+        ended.insert(0, row["round"])
+    return ended
+
+
+def stop_reason(rows: list[dict], limit: int, last_rejection: str = "") -> str:
+    """Why the run stops after its last row ("": it goes on): its last ``limit`` rounds got no
+    usable client reply (``max_rounds_without_reply``; 0: never stop)."""
+    ended = without_reply(rows)
+    if not limit or len(ended) < limit:
+        return ""
+    return (f"stopped after round {ended[-1]}: rounds {ended[-limit]}-{ended[-1]} got no usable "
+            f"client reply (max_rounds_without_reply={limit}); "
+            + why_none(rows[-1], last_rejection))
+
+
+def why_none(row: dict, last_rejection: str) -> str:
+    """Why a round got no usable reply, and what to change when a resource ran out."""
+    if change := change_for(last_rejection):
+        return change
+    if last_rejection:
+        return f"the last round's first rejection: {last_rejection}"
+    late, lost = row.get("late_partitions"), row.get("lost_partitions")
+    return "; ".join(filter(None, [
+        late and f"partition(s) {late} sent nothing back within round_timeout",
+        lost and f"partition(s) {lost} were lost"])) or "no client was asked to train"
