@@ -35,7 +35,7 @@ NOISE = re.compile("|".join([
 
 
 # Ray's log prefixes: the process a line was forwarded from, and its C++ logger's stamp
-SOURCE = re.compile(r"^\((\w+(?: pid=\d+)?(?:, ip=[\d.]+)?)\) ?")
+SOURCE = re.compile(r"^\(((?:\w+ )?pid=\d+(?:, ip=[\d.]+)?|\w+)\) ?")
 STAMP = re.compile(r"^\[\d{4}-\d\d-\d\d [\d:,]+ \w \d+ \d+\] \S+:\d+: ")
 CRASH = re.compile(r"^\*\*\* (SIG\w+) received at time|^Fatal Python error: |Mutex corrupt|"
                    r"Check failed: |\bRAW: |^terminate called")
@@ -80,14 +80,15 @@ def relay(lines: Iterable[str], verbose: bool, out=None, last: str | None = None
     return True after the first line that starts with ``last``, when given (False: the lines
     ended without it)."""
     out = out or sys.stdout
-    crashes = Crashes()
+    crashes, left_out = Crashes(), False
     for line in lines:
         shown = line if verbose else crashes.line(line)
-        if shown is None and not is_noise(line):
-            shown = line
+        if shown is None and not is_noise(line) and not (left_out and not line.strip()):
+            shown = line  # (a blank line after one left out belongs to it)
         if shown:
             out.write(shown)
             out.flush()
+        left_out = not shown
         if last and ANSI.sub("", line).startswith(last):
             return True
     return False

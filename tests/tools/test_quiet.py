@@ -27,7 +27,9 @@ FLOWER = [
     "An unhandled exception occurred in the ServerApp.\n",
     "For more information, visit: <https://flower.ai/docs/framework/ref-exit-codes/200.html>\n",
     "\x1b[91mERROR \x1b[0m:     Exit Code: 700\n",
+    "\n",
     "An unhandled exception occurred when running the simulation.\n",
+    "\n",
 ]
 DRIFTFL = [
     "clients' data (fedavg on fmnist, Dirichlet(0.5), 10 clients, cnn): 10 clients, 2000 samples\n",
@@ -95,6 +97,11 @@ def test_a_crashed_ray_process_is_one_line_unless_verbose():
         "driftfl: a Ray process crashed (ClientAppActor pid=21254: SIGABRT); verbose=true "
         "shows its report\n") + "".join(DRIFTFL[2:])
     assert verbose.getvalue() == "".join(DRIFTFL[:2] + CRASH + DRIFTFL[2:])
+    # a worker Ray started but had not yet named (a memory kill during its start)
+    quiet = io.StringIO()
+    relay([line.replace("ClientAppActor pid", "pid") for line in CRASH], False, out=quiet)
+    assert quiet.getvalue() == ("driftfl: a Ray process crashed (pid=21254: SIGABRT); "
+                                "verbose=true shows its report\n")
     # a crash in the run's own process (no Ray prefix): its first line names it
     quiet = io.StringIO()
     relay(MUTEX + DRIFTFL, verbose=False, out=quiet)
