@@ -3,15 +3,16 @@ worker under it, into an error reply whose reason is the exception's whole text:
 OutOfMemoryError is kilobytes (the node's memory, its object store, its top ten processes).
 ``error_reason`` shortens every error reply the server reads; a reply that failed for want of
 a resource (memory, a Ray worker that died) is named by that resource, and ``log_refused``
-says in one line per exchange which clients it hit and which setting to change. ``quiet_flower_errors``
-keeps Flower's own copy of such an error (its message and traceback) off the console."""
+says in one line per exchange which clients it hit and which setting to change.
+``quiet_flower_errors`` keeps Flower's own copy of such an error (its message and traceback)
+off the console."""
 
 from __future__ import annotations
 
 import logging
-from logging import WARNING
 import re
 from dataclasses import dataclass
+from logging import WARNING
 
 from flwr.app import Error
 from flwr.supercore import log

@@ -35,7 +35,7 @@ from .experiment import Experiment, prepare_experiment
 from .federation import Federation
 from .results import RunRecorder
 from .run_config import experiment_overrides
-from .outcome import RunStopped, learned, run_status, stop_reason
+from .outcome import RunStopped, learned, run_status, stop_reason, telling
 from .rounds import run_rounds
 from .secure import check_weights
 from .traffic import MeteredGrid
@@ -139,9 +139,8 @@ def run_experiment(grid: Grid, experiment: Experiment, run_dir: Path, run_id: in
         latest["arrays"] = arrays
         checkpoint.save(run_dir, server_round, to_numpy(arrays), strategy, recorder.rows,
                         recorder.arrays, recorder.seconds(), cfg)
-        rejected = strategy.report.rejected
         if stop := stop_reason(recorder.rows, cfg.max_rounds_without_reply,
-                               rejected[0] if rejected else ""):
+                               telling(strategy.report.rejected)):
             raise RunStopped(stop)
 
     stopped, budget = "", ""
@@ -157,10 +156,9 @@ def run_experiment(grid: Grid, experiment: Experiment, run_dir: Path, run_id: in
     load_arrays(model, latest["arrays"])
     rows = recorder.rows
     best = max(rows, key=lambda r: r["test_accuracy"])
-    last = strategy.report.rejected
     status = run_status(rows, stopped=stopped, min_clients=cfg.min_clients,
                         connected=None if stopped else federation.connected_count(),
-                        last_rejection=last[0] if last else "")
+                        last_rejection=telling(strategy.report.rejected))
     summary = {**status, "rounds": cfg.rounds,
                "rounds_without_usable_reply": sum(not learned(r) for r in rows[1:]),
                "final_accuracy": rows[-1]["test_accuracy"], "final_loss": rows[-1]["test_loss"],

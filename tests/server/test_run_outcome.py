@@ -15,7 +15,7 @@ from driftfl.common.error_replies import FEWER_AT_ONCE
 from driftfl.common.errors import ConfigError
 from driftfl.server.app import run_experiment
 from driftfl.server.experiment import prepare_experiment
-from driftfl.server.outcome import run_status, stop_reason, without_reply
+from driftfl.server.outcome import run_status, stop_reason, telling, without_reply
 from test_error_replies import RAY_OOM
 from test_methods import TINY, InProcessGrid, fmnist_nodes
 
@@ -179,10 +179,27 @@ def test_a_run_set_never_to_stop_runs_every_round(tmp_path):
 
 
 def test_the_rounds_that_end_without_a_reply():
-    rows = [{"round": 0, "clients": 0}] + [{"round": r, "clients": c}
+    rows = [{"round": 0, "clients": 0}] + [{"round": r, "clients": c, "rejected": 2 - c}
                                            for r, c in enumerate([2, 0, 0], start=1)]
     assert without_reply(rows) == [2, 3] and without_reply(rows[:2]) == []
+    # a round that asked nobody (an empty DP sample, every client dropped) failed no reply
+    nobody = {"round": 4, "clients": 0, "rejected": 0, "late_partitions": "",
+              "lost_partitions": ""}
+    assert without_reply([*rows, nobody]) == []
+    late = {**nobody, "late_partitions": "3"}
+    assert without_reply([*rows, late]) == [2, 3, 4]
     assert stop_reason(rows, 3) == "" and stop_reason(rows, 0) == ""
     assert stop_reason(rows, 2, "partition 0 (node 1): error reply: boom").endswith(
         "(max_rounds_without_reply=2); the last round's first rejection: partition 0 (node 1): "
         "error reply: boom")
+
+
+def test_the_rejection_that_tells_most_is_one_for_want_of_a_resource():
+    oom = "partition 1 (node 2): error reply: out of memory (OutOfMemoryError)"
+    assert telling(["partition 0 (node 1): error reply: boom", oom]) == oom
+    assert telling(["partition 0 (node 1): error reply: boom"]).endswith("boom")
+    assert telling([]) == ""
+    row = {"round": 1, "clients": 0, "late_partitions": "", "lost_partitions": ""}
+    assert run_status([{"round": 0}, {**row, "model_updated": 0}]) == {
+        "status": "failed", "reason": "no round got a usable client reply, so the model never "
+                                      "trained"}
