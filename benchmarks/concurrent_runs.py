@@ -6,10 +6,10 @@ Each repetition starts ``--runs`` small runs at once (methods and seeds differ, 
 hydra.run.dir under a scratch folder in /tmp) and waits for all of them; a run counts as
 completed when it exits 0 and its summary.json says ``completed``. It prints one line per
 repetition, then how many of how many completed, the wall time and how many consoles showed a
-Ray crash line. The consoles and run directories of the runs that did not complete are kept,
-and their paths printed.
+Ray crash line. The consoles of the runs that did not complete or showed a crash line are kept
+(with the run directories of the former), and their paths printed.
 
-    .venv/bin/python benchmarks/concurrent_runs.py                  # 4 runs x 10, ~40 min on 2 cores
+    .venv/bin/python benchmarks/concurrent_runs.py       # 4 runs x 10: about 28 min on 2 cores
     .venv/bin/python benchmarks/concurrent_runs.py --runs 2 --repeats 1
 """
 
@@ -56,7 +56,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=10)
     args = parser.parse_args()
     scratch = Path(tempfile.mkdtemp(prefix="driftfl-concurrent-", dir="/tmp"))
-    done, crashes, failed = 0, 0, []
+    done, crashes, kept = 0, 0, []
     began = time.monotonic()
     for repeat in range(args.repeats):
         started = time.monotonic()
@@ -75,9 +75,10 @@ def main() -> None:
                            + (" (Ray crash line)" if crashed else ""))
             if ok:
                 shutil.rmtree(run_dir, ignore_errors=True)
-                Path(f"{run_dir}.txt").unlink()
+            if not ok or crashed:
+                kept.append(f"{run_dir}.txt")
             else:
-                failed.append(f"{run_dir}.txt")
+                Path(f"{run_dir}.txt").unlink()
         print(f"repetition {repeat + 1}/{args.repeats}: {', '.join(results)} "
               f"({time.monotonic() - started:.0f} s)", flush=True)
     wall = time.monotonic() - began
@@ -85,8 +86,8 @@ def main() -> None:
     print(f"completed: {done} of {total} runs ({args.runs} at a time x {args.repeats}), rc 0 "
           f"and status completed; wall time {wall / 60:.1f} min")
     print(f"consoles with a Ray crash line: {crashes}")
-    if failed:
-        print("kept for inspection:", *failed, sep="\n  ")
+    if kept:
+        print("kept for inspection:", *kept, sep="\n  ")
     else:
         shutil.rmtree(scratch, ignore_errors=True)
     sys.exit(0 if done == total else 1)
