@@ -80,8 +80,12 @@ def stop(process: subprocess.Popen, grace: float = 15) -> None:
 def flwr_env(flwr_home: str, ray_address: str | None = None) -> dict[str, str]:
     """The environment of the private SuperLink and everything it starts. Flower's Ray backend
     calls ``ray.init()``, which joins the cluster that RAY_ADDRESS names (Ray's own variable;
-    Flower 1.41's simulation settings have no address) and else starts a private instance: only
-    ``simulation.ray_address`` decides, never a RAY_ADDRESS left in the user's shell."""
+    Flower 1.41's simulation settings have no address), else the one `ray start` recorded in
+    <Ray's temporary folder>/ray_current_cluster, and else starts an instance of its own: only
+    ``simulation.ray_address`` decides, never a RAY_ADDRESS left in the user's shell. A private
+    instance keeps its sessions, sockets and that file under ``flwr_home`` (RAY_TMPDIR), never
+    in the /tmp/ray that every other Ray on the machine shares: concurrent runs neither join
+    nor disturb each other's Ray, and what Ray leaves goes with the run's scratch folder."""
     from driftfl.server.results import git_revision
 
     # The SuperLink starts further Flower executables by name: this environment's come first.
@@ -89,6 +93,8 @@ def flwr_env(flwr_home: str, ray_address: str | None = None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     if ray_address:
         env["RAY_ADDRESS"] = ray_address
+    else:
+        env["RAY_TMPDIR"] = flwr_home
     return {**env, "PATH": path, "FLWR_HOME": flwr_home,
             "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
             "DRIFTFL_GIT_REVISION": git_revision(), "PYTHONUNBUFFERED": "1",
@@ -229,7 +235,9 @@ def launch_simulation(cfg: ExperimentConfig, overrides: list[str], run_dir: Path
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     run_dir.mkdir(parents=True, exist_ok=True)
     log_path = run_dir / "superlink.log"
-    with tempfile.TemporaryDirectory(prefix="driftfl-flower-") as flwr_home:
+    # ignore_cleanup_errors: a Ray process killed last may still write its log as it goes
+    with tempfile.TemporaryDirectory(prefix="driftfl-flower-",
+                                     ignore_cleanup_errors=True) as flwr_home:
         env = flwr_env(flwr_home, cfg.simulation.ray_address)
         superlink, finished = None, False
         watchdog = start_watchdog(flwr_home)
@@ -243,7 +251,7 @@ def launch_simulation(cfg: ExperimentConfig, overrides: list[str], run_dir: Path
                                "--federation-config", federation, "--stream"], env, cfg.verbose,
                               scratch=flwr_home)  # the watchdog removes it after a SIGKILL
         except (SystemExit, KeyboardInterrupt) as stopped:  # `finally` stops the SuperLink
-            print(f"driftfl: stopped{resume_hint(run_dir, overrides, '; ')}", file=sys.stderr)
+            print(f"driftfl: stopped; {saved(run_dir, overrides)}", file=sys.stderr)
             # one line, no traceback: Ctrl-C exits 130 as a shell expects
             code = stopped.code if isinstance(stopped, SystemExit) else 128 + signal.SIGINT
             raise SystemExit(code) from None
@@ -256,8 +264,8 @@ def launch_simulation(cfg: ExperimentConfig, overrides: list[str], run_dir: Path
             watchdog.wait()
     if finished_status(run_dir):
         return 0
-    print(f"driftfl: the run did not complete; see the log above and {log_path}."
-          f"{resume_hint(run_dir, overrides)}", file=sys.stderr)
+    print(not_completed(run_dir, overrides, f"see the log above and {log_path}"),
+          file=sys.stderr)
     return 1
 
 
@@ -297,19 +305,38 @@ def launch_deployment(cfg: ExperimentConfig, overrides: list[str], run_dir: Path
         raise SystemExit(128 + signal.SIGINT) from None
     if finished_status(run_dir):
         return 0
-    print(f"driftfl: the run did not complete (no summary.json in {run_dir}); if the SuperLink "
-          "stopped, start it again with the same --database: the nodes reconnect."
-          f"{resume_hint(run_dir, overrides)}", file=sys.stderr)
+    print(not_completed(run_dir, overrides, "if the SuperLink stopped, start it again with the "
+                        "same --database: the nodes reconnect"), file=sys.stderr)
     return 1
 
 
-def resume_hint(run_dir: Path, overrides: list[str], prefix: str = "\ndriftfl: ") -> str:
-    """How to go on with a stopped run, once it has a checkpoint ("" before its first round),
-    after ``prefix``."""
-    from driftfl.server.checkpoint import CHECKPOINT
+def not_completed(run_dir: Path, overrides: list[str], advice: str) -> str:
+    """Why a run that wrote no completed summary.json did not, and what is saved of it."""
+    summary = run_dir / "summary.json"
+    if summary.is_file():  # failed: the ServerApp printed why and what to change
+        return f"driftfl: the run failed; its summary.json and rounds are in {run_dir}"
+    return (f"driftfl: the run did not complete (no summary.json in {run_dir}); {advice}.\n"
+            f"driftfl: {saved(run_dir, overrides)}")
 
-    if not (run_dir / CHECKPOINT).is_file():
-        return ""
+
+def saved(run_dir: Path, overrides: list[str]) -> str:
+    """What ``run_dir`` holds of a stopped run, as the run directory says: its results (the
+    server had finished), the checkpoint of its last complete round and how to go on from
+    there, or nothing."""
+    from driftfl.server.checkpoint import CHECKPOINT, saved_round
+
+    summary = run_dir / "summary.json"
+    if summary.is_file():
+        status = json.loads(summary.read_text()).get("status")
+        return f"the run had finished ({status}); its results are in {run_dir}"
+    found = saved_round(run_dir)
+    if found is None:
+        return ("nothing was saved: it stopped before its first round ended"
+                if not (run_dir / CHECKPOINT).is_file()
+                else f"its {CHECKPOINT} cannot be read, so it cannot be resumed")
+    done, rounds = found
+    if done >= rounds:
+        return f"all {rounds} rounds are saved in {run_dir / CHECKPOINT}, but not its results"
     again = " ".join(shlex.quote(o) for o in overrides if not o.startswith("hydra.run.dir="))
-    return (f"{prefix}its rounds so far are saved, go on with: driftfl run {again} "
+    return (f"it is saved after round {done} of {rounds}, go on with: driftfl run {again} "
             f"resume={shlex.quote(str(run_dir))}").replace("  ", " ")

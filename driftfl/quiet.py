@@ -2,7 +2,9 @@
 and warnings about settings driftfl chose on purpose reach the console through `flwr run
 --stream`; ``driftfl run`` leaves them out unless ``verbose=true``, and shows a simulated
 client's lines as the client printed them, without the prefix Ray puts before a worker's
-output ("(ClientAppActor pid=4242) ")."""
+output ("(ClientAppActor pid=4242) "). A Ray process that crashes (a signal, an abseil "Mutex
+corrupt", a failed check) dumps its stack there, some 30 lines forwarded under its name:
+``Crashes`` makes that one driftfl line."""
 
 from __future__ import annotations
 
@@ -24,9 +26,10 @@ NOISE = re.compile("|".join([
     r"^Successfully installed \S+ to ",  # the app bundle, unpacked per run
     r"Manually terminating ClientAppActor",  # Flower's normal shutdown of its actors
     r"Ray deduplicates logs by default",
-    # Flower's closing notice for a failed ServerApp: driftfl's error line said why
-    r"Exit Code: 200$",
-    r"^An unhandled exception occurred in the ServerApp\.",
+    # Flower's closing notice for a failed ServerApp (700: in a simulation): driftfl's error
+    # line said why
+    r"Exit Code: [27]00$",
+    r"^An unhandled exception occurred (in the ServerApp|when running the simulation)\.",
     r"^For more information, visit: <https://flower\.ai/",
     r"FutureWarning",
     r"^\s+warnings\.warn\(",  # the source line Python prints under a warning
@@ -36,6 +39,42 @@ NOISE = re.compile("|".join([
 # Ray's prefix before a line a worker printed: the actor or task, its pid, another host's ip
 WORKER_PREFIX = re.compile(r"^(?:\x1b\[[0-9;]*m)?\((?:[\w.]+ )?pid=\d+(?:, ip=[\w.:-]+)?\)"
                            r"(?:\x1b\[[0-9;]*m)? ")
+
+
+# Ray's log prefixes: the process a line was forwarded from, and its C++ logger's stamp
+SOURCE = re.compile(r"^\(((?:\w+ )?pid=\d+(?:, ip=[\d.]+)?|\w+)\) ?")
+STAMP = re.compile(r"^\[\d{4}-\d\d-\d\d [\d:,]+ \w \d+ \d+\] \S+:\d+: ")
+CRASH = re.compile(r"^\*\*\* (SIG\w+) received at time|^Fatal Python error: |Mutex corrupt|"
+                   r"Check failed: |\bRAW: |^terminate called")
+DUMP = re.compile(r"^$|^PC: @ |^\s*@ |^Stack \(most recent call first\)|^Extension modules: |"
+                  r"^\s+File \".*\", line \d+ in |^(Current thread|Thread) 0x")
+# the raylet's notice of a dead worker: the round's rejections name it, with what to change
+DEAD_WORKER = "A worker died or was killed while executing a task by an unexpected system error"
+
+
+class Crashes:
+    """One line for each Ray process that crashes; the rest of its report left out."""
+
+    def __init__(self) -> None:
+        self.crashed: set[str] = set()  # the processes (by Ray's prefix) reported
+
+    def line(self, line: str) -> str | None:
+        """What to print for ``line``: itself (None: not a crash report's), "" (left out), or
+        the driftfl line that names the crash."""
+        text = ANSI.sub("", line).rstrip("\n")
+        source = SOURCE.match(text)
+        who = source.group(1) if source else ""
+        text = STAMP.sub("", text[source.end():] if source else text)
+        if text.startswith(DEAD_WORKER):
+            return ""
+        if who in self.crashed and (CRASH.search(text) or DUMP.search(text)):
+            return ""
+        if not (found := CRASH.search(text)):
+            return None
+        self.crashed.add(who)
+        what = found.group(1) or text.strip()[:120]
+        return (f"driftfl: a Ray process crashed ({who + ': ' if who else ''}{what}); "
+                "verbose=true shows its report\n")
 
 
 def is_noise(line: str) -> bool:
@@ -48,10 +87,16 @@ def relay(lines: Iterable[str], verbose: bool, out=None, last: str | None = None
     return True after the first line that starts with ``last``, when given (False: the lines
     ended without it)."""
     out = out or sys.stdout
+    crashes, left_out = Crashes(), False
     for line in lines:
-        if verbose or not is_noise(line):
-            out.write(line if verbose else WORKER_PREFIX.sub("", line))
+        shown = line if verbose else crashes.line(line)
+        # (a blank line after one left out belongs to it)
+        if shown is None and not is_noise(line) and not (left_out and not line.strip()):
+            shown = WORKER_PREFIX.sub("", line)
+        if shown:
+            out.write(shown)
             out.flush()
+        left_out = not shown
         if last and ANSI.sub("", line).startswith(last):
             return True
     return False

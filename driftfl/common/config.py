@@ -89,6 +89,9 @@ class ExperimentConfig(Settings):
     eval_batch_size: int | None = Field(None, ge=1, le=MANY)  # None: by device (forward_batch_size)
     logit_shift_samples: int = Field(32, ge=0, le=MANY)
     round_timeout: float = Field(3600.0, gt=0, le=MONTH)
+    # the run stops (failed) after this many rounds in a row that asked clients and got no
+    # usable reply (out of memory, say: the rounds after would fail alike); 0: never for that
+    max_rounds_without_reply: int = Field(3, ge=0, le=MANY)
     # a client's update (and the aggregate) may move the model by at most this many times
     # the global model's norm (at least 1); a larger one is refused as corrupt or hostile
     max_update_ratio: float = Field(10.0, gt=0)

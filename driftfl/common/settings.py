@@ -31,7 +31,8 @@ MANY = 1_000_000
 
 # an experiment's settings that change how a run is carried out, not what it computes (a
 # simulated client's cores do: they are its torch threads); a resume and a report row ignore them
-OPERATIONAL = frozenset({"verbose", "tracker", "node_wait", "round_timeout", "min_clients",
+OPERATIONAL = frozenset({"verbose", "tracker", "node_wait", "round_timeout",
+                         "max_rounds_without_reply", "min_clients",
                          "rejoin_wait", "simulation.ray_address", "simulation.client_gpus",
                          "superlink"})
 

@@ -18,6 +18,7 @@ import numpy as np
 from flwr.app import Message
 
 from driftfl.dcfl.settings import read_condensed
+from driftfl.common.error_replies import error_reason
 from driftfl.common.protocol import CLASSIFIER, CONDENSED, METRICS
 
 from driftfl.strategies.parts import guard
@@ -48,7 +49,7 @@ def check_pretrain_reply(reply: Message, shape: tuple[int, ...], head: tuple[int
     """(classifier, images, labels, what the node says it disclosed) of a pre-training reply,
     or why it cannot be used."""
     if reply.has_error():
-        return f"error reply: {reply.error.reason}"
+        return error_reason(reply.error)
     condensed = check_condensed(reply, shape, head[0], ipc, histogram)
     if isinstance(condensed, str):
         return condensed

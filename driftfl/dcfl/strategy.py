@@ -25,7 +25,7 @@ from __future__ import annotations
 import copy
 import math
 from dataclasses import dataclass, field, replace
-from logging import INFO, WARNING
+from logging import INFO
 from typing import Literal
 
 import numpy as np
@@ -36,6 +36,7 @@ from flwr.supercore import log
 from pydantic import Field
 
 from driftfl.common.augment import SiameseAugment, parse_transforms
+from driftfl.common.error_replies import log_refused
 from driftfl.dcfl.settings import CondensationSettings
 from driftfl.common.protocol import (ARRAYS, CONDENSE, CONDENSED, CONFIG, DATASET_META,
                                      DCFL_CONDENSE, METHOD, NUM_EXAMPLES, PROXIMAL_MU,
@@ -207,12 +208,13 @@ class DCFL(DriftStrategy):
             for k, reason in outsized([checked[k][1] for k in sets], self.store,
                                       self.max_peer_ratio).items():
                 checked[sets[k]] = reason
+            refused = []
             for reply, result in zip(replies, checked):
                 if isinstance(result, str):
-                    log(WARNING, "DCFL pre-training reply from %s rejected: %s",
-                        self.clients.describe(reply.metadata.src_node_id), result)
+                    refused.append((self.clients.describe(reply.metadata.src_node_id), result))
                 else:
                     self.explore(reply.metadata.src_node_id, *result)
+            log_refused("DCFL pre-training", refused)
             print(f"DCFL pre-training: request {request}/{self.pretrain_requests}, asked "
                   f"clients {self.partition_ids(asked)}, {len(self.explored)} explored",
                   flush=True)

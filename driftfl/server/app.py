@@ -19,6 +19,7 @@ from driftfl.common.client_split import ACC_AFTER, ACC_BEFORE
 from driftfl.common.columns import column, forged_column
 from driftfl.common.config import compose
 from driftfl.common.datasets import to_tensors
+from driftfl.common.error_replies import quiet_flower_errors
 from driftfl.common.errors import ConfigError
 from driftfl.common.evaluation import evaluate
 from driftfl.common.partition import describe
@@ -34,7 +35,7 @@ from .experiment import Experiment, prepare_experiment
 from .federation import Federation
 from .results import RunRecorder
 from .run_config import experiment_overrides
-from .outcome import learned, run_status
+from .outcome import RunStopped, learned, run_status, stop_reason, telling
 from .rounds import run_rounds
 from .secure import check_weights
 from .traffic import MeteredGrid
@@ -53,6 +54,9 @@ def _without_refusal_traceback(record: logging.LogRecord) -> bool:
 
 
 logging.getLogger("flwr").addFilter(_without_refusal_traceback)
+# a client's resource error (Ray's OutOfMemoryError: kilobytes) is one line a round, by
+# driftfl; Flower's copy of it, with its traceback, only with verbose=true
+logging.getLogger("flwr").addFilter(quiet_flower_errors)
 
 
 @app.main()
@@ -77,6 +81,8 @@ def run_experiment(grid: Grid, experiment: Experiment, run_dir: Path, run_id: in
     cfg = experiment.cfg
     if not cfg.verbose:
         logging.getLogger("flwr").setLevel(logging.WARNING)
+    else:
+        logging.getLogger("flwr").removeFilter(quiet_flower_errors)
     random.seed(cfg.seed)
     np.random.seed(cfg.seed)
     # too few simulated nodes, or a bad owners file, is known at once: refused before the run
@@ -140,6 +146,9 @@ def run_experiment(grid: Grid, experiment: Experiment, run_dir: Path, run_id: in
         latest["arrays"] = arrays
         checkpoint.save(run_dir, server_round, to_numpy(arrays), strategy, recorder.rows,
                         recorder.arrays, recorder.seconds(), cfg)
+        if stop := stop_reason(recorder.rows, cfg.max_rounds_without_reply,
+                               telling(strategy.report.rejected)):
+            raise RunStopped(stop)
 
     stopped, budget = "", ""
     try:
@@ -149,15 +158,14 @@ def run_experiment(grid: Grid, experiment: Experiment, run_dir: Path, run_id: in
                    train_config=experiment_record,
                    evaluate_config=ConfigRecord(dict(experiment_record)),
                    evaluate_fn=evaluator, after_round=after_round, secagg=cfg.secagg)
-    except ConfigError as err:  # deployment's roster: fewer than min_clients connected
-        stopped = str(err)
+    except (ConfigError, RunStopped) as err:  # the roster: fewer than min_clients connected;
+        stopped = str(err)                    # or rounds in a row without a usable reply
     load_arrays(model, latest["arrays"])
     rows = recorder.rows
     best = max(rows, key=lambda r: r["test_accuracy"])
-    last = strategy.report.rejected
     status = run_status(rows, stopped=stopped, min_clients=cfg.min_clients,
                         connected=None if stopped else federation.connected_count(),
-                        last_rejection=last[0] if last else "")
+                        last_rejection=telling(strategy.report.rejected))
     summary = {**status, "rounds": cfg.rounds,
                "rounds_without_usable_reply": sum(not learned(r) for r in rows[1:]),
                "final_accuracy": rows[-1]["test_accuracy"], "final_loss": rows[-1]["test_loss"],

@@ -94,6 +94,16 @@ def load(run_dir: Path, cfg: ExperimentConfig, model: nn.Module, strategy) -> di
     return state
 
 
+def saved_round(run_dir: Path) -> tuple[int, int] | None:
+    """(the round saved, the run's rounds) of ``run_dir``'s checkpoint; None without one that
+    can be read (only that is read: a stopped run's message says what it saved)."""
+    try:
+        state = treefile.read(Path(run_dir) / CHECKPOINT)
+        return int(state["round"]), int(state["config"]["rounds"])
+    except (OSError, treefile.UnreadableTree, KeyError, TypeError, ValueError):
+        return None
+
+
 def check(run_dir: Path, experiment) -> dict:
     """``load`` against a model and strategy built for ``experiment`` (a prepared Experiment),
     as the run will build them: for the checks before a run is launched."""

@@ -51,6 +51,7 @@ from flwr.server.workflow.constant import Key as WorkflowKey
 from flwr.server.workflow.secure_aggregation.secaggplus_workflow import WorkflowState
 from flwr.serverapp import Grid
 
+from driftfl.common.error_replies import error_reason
 from driftfl.common.errors import ConfigError
 from driftfl.common.privacy import SecAggSettings, float_keys
 from driftfl.common.protocol import CONFIG, LOCAL_STEPS, METRICS, NUM_EXAMPLES, PAYLOAD_SCALE
@@ -109,12 +110,11 @@ class _ScreeningGrid:
         for reply in replies:
             if reply.has_error() and reply.metadata.src_node_id == SUPERLINK_NODE_ID:
                 continue  # the SuperLink's notice that a node is lost: counted as lost
-            reason = reply.error.reason if reply.has_error() else self.check(reply)
+            reason = error_reason(reply.error) if reply.has_error() else self.check(reply)
             if reason is None:
                 kept.append(reply)
             else:
-                self.rejected[reply.metadata.src_node_id] = (
-                    f"error reply: {reason}" if reply.has_error() else reason)
+                self.rejected[reply.metadata.src_node_id] = reason
         self.collected = kept
         return kept
 

@@ -20,6 +20,7 @@ from flwr.common.constant import SUPERLINK_NODE_ID
 from flwr.serverapp import Grid
 from flwr.supercore import log
 
+from driftfl.common.error_replies import error_reason
 from driftfl.common.errors import ConfigError
 from driftfl.common.owners import MAX_EXAMPLES, OWN_DATA, Owner, partition_name
 from driftfl.common.protocol import (CONFIG, DATA_SUMMARY, DATASET_META, LABEL_HISTOGRAM,
@@ -90,7 +91,7 @@ def admit(replies: list[Message], experiment_record: ConfigRecord, expected: int
     clients = []
     for reply in replies:
         node = reply.metadata.src_node_id
-        summary = (f"error reply: {reply.error.reason}" if reply.has_error()
+        summary = (error_reason(reply.error) if reply.has_error()
                    else check_summary(reply, num_classes, expected))
         if isinstance(summary, dict) and owners is not None:
             summary = owner_problem(summary, owners.get(node)) or summary

@@ -329,6 +329,7 @@ class DriftStrategy(FedAvg):
                 updates = self.screen(self.guard.peer_screen(
                     report, updates, "update",
                     lambda u: update_norm(u.arrays, self.global_arrays)))
+        self.guard.log_starved(report)
         updates = self.guard.capped(updates)
         report.clients = len(updates)
         self.last_updates = updates

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO
+from driftfl.server.checkpoint import saved_round
 from readme_walk import Walk, commands, paragraph_blocks, sections, smaller
 
 pytestmark = pytest.mark.e2e
@@ -96,9 +97,10 @@ def test_a_stopped_run_resumes_as_the_readme_says(walk, fmnist_available):
         assert run.wait(timeout=120) == 130
     said = (walk.root / "stopped.err").read_text()
     overrides = started.split(" ", 2)[2].replace(f" hydra.run.dir={resumed}", "")
+    done, _ = saved_round(walk.cwd / resumed)  # the checkpoint's: the round it says is saved
     assert said.splitlines() == [
-        f"driftfl: stopped; its rounds so far are saved, go on with: driftfl run {overrides} "
-        f"resume={walk.cwd / resumed}"], said
+        f"driftfl: stopped; it is saved after round {done} of 3, go on with: driftfl run "
+        f"{overrides} resume={walk.cwd / resumed}"], said
 
     [out] = walk.block(block)
     assert f"driftfl: resuming {walk.cwd / resumed} after round" in out.stdout

@@ -5,15 +5,21 @@ than min_clients connected never end in status "completed"."""
 from __future__ import annotations
 
 import json
+import logging
 
 import pytest
+from flwr.app import Error, Message
 
 from driftfl.common.config import compose
+from driftfl.common.error_replies import FEWER_AT_ONCE
 from driftfl.common.errors import ConfigError
 from driftfl.server.app import run_experiment
 from driftfl.server.experiment import prepare_experiment
-from driftfl.server.outcome import run_status
+from driftfl.server.outcome import run_status, stop_reason, telling, without_reply
+from test_error_replies import RAY_OOM
 from test_methods import TINY, InProcessGrid, fmnist_nodes
+
+FEWER = FEWER_AT_ONCE + "; under device=cuda, a larger simulation.client_gpus"
 
 
 class FaultyGrid(InProcessGrid):
@@ -121,3 +127,88 @@ def test_driftfl_run_exits_non_zero_for_a_failed_run(tmp_path, status, exits_0):
     if status:
         (tmp_path / "summary.json").write_text(json.dumps({"status": status}))
     assert finished_status(tmp_path) is exits_0
+
+
+class OutOfMemoryGrid(InProcessGrid):
+    """Nodes in this process whose every train reply is Flower's error reply for a worker Ray
+    killed for memory (its kilobytes of text)."""
+
+    def __init__(self):
+        super().__init__(fmnist_nodes(2))
+
+    def send_and_receive(self, messages, timeout=None):
+        messages = list(messages)
+        if messages and messages[0].metadata.message_type == "train":
+            return [Message(Error(code=0, reason=RAY_OOM), reply_to=m) for m in messages]
+        return super().send_and_receive(messages, timeout)
+
+
+def test_rounds_in_a_row_that_run_out_of_memory_stop_the_run_in_one_line_each(tmp_path,
+                                                                               caplog):
+    experiment = prepare_experiment(compose([*TINY, "rounds=5"]))
+    with caplog.at_level(logging.WARNING, logger="flwr"), \
+            pytest.raises(ConfigError) as stopped:
+        run_experiment(OutOfMemoryGrid(), experiment, tmp_path, run_id=1)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    rows = json.loads((tmp_path / "metrics.json").read_text())["rounds"]
+    assert [r["round"] for r in rows] == [0, 1, 2, 3]  # the default: 3 rounds in a row
+    assert [r["rejected"] for r in rows[1:]] == [2, 2, 2]
+    assert summary["status"] == "failed" and str(stopped.value) == summary["reason"]
+    assert summary["reason"] == (
+        "stopped after round 3: rounds 1-3 got no usable client reply "
+        "(max_rounds_without_reply=3); the clients' error: out of memory; run fewer clients at "
+        "once (a larger simulation.client_cpus), or a smaller batch_size or model; under "
+        "device=cuda, a larger simulation.client_gpus")
+    # one line a round for both replies, none of Ray's text
+    failed = [r.getMessage() for r in caplog.records if "failed: out of memory" in r.getMessage()]
+    assert failed == ["round replies of 2 client(s) (partition 0, partition 1) failed: out of "
+                      "memory; " + FEWER] * 3
+    assert "Top 10 memory users" not in caplog.text and "rejected" not in caplog.text
+    assert (tmp_path / "checkpoint.pt").is_file()
+
+
+def test_rounds_in_a_row_without_a_reply_stop_the_run_and_say_why(tmp_path):
+    def all_late(grid, server_round):
+        grid.silent = {100, 101}
+
+    summary, rows = run(tmp_path, all_late, "rounds=4", "max_rounds_without_reply=2")
+    assert len(rows) == 3 and summary["status"] == "failed"
+    assert summary["reason"] == (
+        "stopped after round 2: rounds 1-2 got no usable client reply "
+        "(max_rounds_without_reply=2); partition(s) 0 1 sent nothing back within round_timeout")
+
+
+def test_a_run_set_never_to_stop_runs_every_round(tmp_path):
+    def late_in_rounds_1_to_3(grid, server_round):
+        grid.silent = {100, 101} if server_round <= 3 else set()
+
+    summary, rows = run(tmp_path, late_in_rounds_1_to_3, "rounds=4",
+                        "max_rounds_without_reply=0")
+    assert len(rows) == 5 and rows[4]["clients"] == 2 and summary["status"] == "incomplete"
+
+
+def test_the_rounds_that_end_without_a_reply():
+    rows = [{"round": 0, "clients": 0}] + [{"round": r, "clients": c, "rejected": 2 - c}
+                                           for r, c in enumerate([2, 0, 0], start=1)]
+    assert without_reply(rows) == [2, 3] and without_reply(rows[:2]) == []
+    # a round that asked nobody (an empty DP sample, every client dropped) failed no reply
+    nobody = {"round": 4, "clients": 0, "rejected": 0, "late_partitions": "",
+              "lost_partitions": ""}
+    assert without_reply([*rows, nobody]) == []
+    late = {**nobody, "late_partitions": "3"}
+    assert without_reply([*rows, late]) == [2, 3, 4]
+    assert stop_reason(rows, 3) == "" and stop_reason(rows, 0) == ""
+    assert stop_reason(rows, 2, "partition 0 (node 1): error reply: boom").endswith(
+        "(max_rounds_without_reply=2); the last round's first rejection: partition 0 (node 1): "
+        "error reply: boom")
+
+
+def test_the_rejection_that_tells_most_is_one_for_want_of_a_resource():
+    oom = "partition 1 (node 2): error reply: out of memory (OutOfMemoryError)"
+    assert telling(["partition 0 (node 1): error reply: boom", oom]) == oom
+    assert telling(["partition 0 (node 1): error reply: boom"]).endswith("boom")
+    assert telling([]) == ""
+    row = {"round": 1, "clients": 0, "late_partitions": "", "lost_partitions": ""}
+    assert run_status([{"round": 0}, {**row, "model_updated": 0}]) == {
+        "status": "failed", "reason": "no round got a usable client reply, so the model never "
+                                      "trained"}

@@ -26,6 +26,10 @@ FLOWER = [
     "\x1b[91mERROR \x1b[0m:     Exit Code: 200\n",
     "An unhandled exception occurred in the ServerApp.\n",
     "For more information, visit: <https://flower.ai/docs/framework/ref-exit-codes/200.html>\n",
+    "\x1b[91mERROR \x1b[0m:     Exit Code: 700\n",
+    "\n",
+    "An unhandled exception occurred when running the simulation.\n",
+    "\n",
 ]
 DRIFTFL = [
     "clients' data (fedavg on fmnist, Dirichlet(0.5), 10 clients, cnn): 10 clients, 2000 samples\n",
@@ -78,3 +82,49 @@ def test_a_simulated_clients_lines_come_as_it_printed_them_each_once():
     assert verbose.getvalue() == "".join(forwarded)
     env = flwr_env("/tmp/x")
     assert env["RAY_DEDUP_LOGS"] == "0" and env["RAY_COLOR_PREFIX"] == "0"
+
+
+# a Ray actor's SIGABRT as a run's console showed it (kill -ABRT of a ClientAppActor)
+ACTOR = "\x1b[36m(ClientAppActor pid=21254)\x1b[0m "
+STAMP = "[2026-11-27 20:58:43,022 E 21254 21254] logging.cc:474: "
+CRASH = [ACTOR + line + "\n" for line in [
+    "*** SIGABRT received at time=1795813122 on cpu 1 ***",
+    "PC: @     0x7f904e926f36  (unknown)  epoll_wait",
+    "    @     0x7f904da1f80d        128  boost::asio::detail::scheduler::do_run_one()",
+    "    @ ... and at least 2 more frames",
+    STAMP + "*** SIGABRT received at time=1795813123 on cpu 1 ***",
+    STAMP + "PC: @     0x7f904e926f36  (unknown)  epoll_wait",
+    STAMP + "    @     0x7f904e85a050  1072917824  (unknown)",
+    "Fatal Python error: Aborted",
+    "",
+    "Stack (most recent call first):",
+    '  File "/x/ray/_private/worker.py", line 1039 in main_loop',
+    "Extension modules: msgpack._cmsgpack, google._upb._message, psutil._psutil_linux",
+]] + ["\x1b[33m(raylet)\x1b[0m A worker died or was killed while executing a task by an "
+      "unexpected system error. To troubleshoot the problem, check the logs for the dead "
+      "worker. Worker PID: 21254 Worker exit type: SYSTEM_ERROR\n"]
+MUTEX = ["[mutex.cc : 1417] RAW: Check r == 0 failed: Mutex corrupt: both reader and writer "
+         "lock held: 0x55d7\n", "*** SIGABRT received at time=1795813200 on cpu 0 ***\n",
+         "PC: @     0x7f904e926f36  (unknown)  raise\n"]
+
+
+def test_a_crashed_ray_process_is_one_line_unless_verbose():
+    quiet, verbose = io.StringIO(), io.StringIO()
+    relay(DRIFTFL[:2] + CRASH + DRIFTFL[2:], verbose=False, out=quiet)
+    relay(DRIFTFL[:2] + CRASH + DRIFTFL[2:], verbose=True, out=verbose)
+    assert quiet.getvalue() == "".join(DRIFTFL[:2]) + (
+        "driftfl: a Ray process crashed (ClientAppActor pid=21254: SIGABRT); verbose=true "
+        "shows its report\n") + "".join(DRIFTFL[2:])
+    assert verbose.getvalue() == "".join(DRIFTFL[:2] + CRASH + DRIFTFL[2:])
+    # a worker Ray started but had not yet named (a memory kill during its start)
+    quiet = io.StringIO()
+    relay([line.replace("ClientAppActor pid", "pid") for line in CRASH], False, out=quiet)
+    assert quiet.getvalue() == ("driftfl: a Ray process crashed (pid=21254: SIGABRT); "
+                                "verbose=true shows its report\n")
+    # a crash in the run's own process (no Ray prefix): its first line names it
+    quiet = io.StringIO()
+    relay(MUTEX + DRIFTFL, verbose=False, out=quiet)
+    assert quiet.getvalue() == (
+        "driftfl: a Ray process crashed ([mutex.cc : 1417] RAW: Check r == 0 failed: Mutex "
+        "corrupt: both reader and writer lock held: 0x55d7); verbose=true shows its report\n"
+        + "".join(DRIFTFL))

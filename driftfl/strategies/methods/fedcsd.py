@@ -24,13 +24,12 @@ payload taken as a sum, and P_G is made of the sum alone (prototypes.summed): se
 from __future__ import annotations
 
 import math
-from logging import WARNING
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
-from flwr.supercore import log
 from pydantic import Field
 
+from driftfl.common.error_replies import error_reason, log_refused
 from driftfl.common.protocol import (CONFIG, CSD_PROTOTYPES, PROTOTYPES, PROTOTYPES_IN_REPLY,
                                      TEACHER)
 
@@ -54,7 +53,7 @@ def check_prototypes(msg: Message, num_classes: int, num_examples: float = math.
     survey). FedProto checks its feature prototypes with it too."""
     dim = num_classes if dim is None else dim
     if msg.has_error():
-        return f"error reply: {msg.error.reason}"
+        return error_reason(msg.error)
     if record not in msg.content.array_records:
         return f"reply lacks the '{record}' record"
     arrays = msg.content.array_records[record]
@@ -148,23 +147,21 @@ class FedCSD(EMATeacher):
 
     def gather(self, replies, server_round: int) -> list[int]:
         """The nodes whose prototypes are usable; P_G from them, unless it is refused."""
-        nodes, usable = [], []
+        nodes, usable, refused = [], [], []
         for reply in self.clients.in_order(replies):
             node = reply.metadata.src_node_id
             checked = check_prototypes(reply, self.num_classes, self.clients.count(node))
             if not isinstance(checked, str):
                 checked = survey_problem(*checked, self.clients.histograms.get(node)) or checked
             if isinstance(checked, str):
-                log(WARNING, "prototype reply from %s rejected: %s",
-                    self.clients.describe(node), checked)
+                refused.append((self.clients.describe(node), checked))
             else:
                 nodes.append(node)
                 usable.append(checked)
         bad = outliers(usable, self.prototypes, self.present, self.max_peer_ratio,
                        self.max_update_ratio)
-        for k, reason in bad.items():
-            log(WARNING, "prototype reply from %s rejected: %s",
-                self.clients.describe(nodes[k]), reason)
+        refused += [(self.clients.describe(nodes[k]), reason) for k, reason in bad.items()]
+        log_refused("prototype", refused)
         usable = [p for k, p in enumerate(usable) if k not in bad]
         if self.aggregation.robust and usable:
             new, present = combined(self.prototype_rule(), usable, self.num_classes,

@@ -13,6 +13,7 @@ from torch import nn
 
 from driftfl.common.config import ExperimentConfig
 from driftfl.common.columns import forged_column
+from driftfl.common.error_replies import error_reason
 from driftfl.common.protocol import (ARRAYS, LOCAL_STEPS, METRICS, NUM_EXAMPLES,
                                      PER_CLASS_METRICS)
 from driftfl.common import settings
@@ -39,7 +40,7 @@ def check_reply(msg: Message, reference: dict[str, np.ndarray],
     most ``max_update`` (``norm_bound``, computed once per round); its metrics are finite; it
     trained on a positive number of examples in at least one local step."""
     if msg.has_error():
-        return f"error reply: {msg.error.reason}"
+        return error_reason(msg.error)
     content = msg.content
     if ARRAYS not in content.array_records or METRICS not in content.metric_records:
         return f"reply lacks the '{ARRAYS}' or '{METRICS}' record"

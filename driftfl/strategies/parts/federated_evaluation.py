@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Iterable
-from logging import WARNING
 
 import numpy as np
 from flwr.app import Message, MetricRecord
-from flwr.supercore import log
 
+from driftfl.common.error_replies import error_reason, log_refused
 from driftfl.common.protocol import METRICS, NUM_EXAMPLES
 
 from driftfl.strategies.parts.aggregation import read_metrics
@@ -37,13 +36,14 @@ class FederatedEvaluation:
     def aggregate(self, replies: Iterable[Message]) -> MetricRecord | None:
         """The example-weighted mean of the evaluation replies that pass the checks."""
         usable: list[tuple[float, dict]] = []
+        refused = []
         for msg in self.clients.in_order(replies):
             checked = self.check(msg)
             if isinstance(checked, str):
-                log(WARNING, "evaluation reply from %s rejected: %s",
-                    self.clients.describe(msg.metadata.src_node_id), checked)
+                refused.append((self.clients.describe(msg.metadata.src_node_id), checked))
             else:
                 usable.append(checked)
+        log_refused("evaluation", refused)
         if not usable:
             return None
         weights = np.array([n for n, _ in usable]) / sum(n for n, _ in usable)
@@ -54,7 +54,7 @@ class FederatedEvaluation:
     def check(self, msg: Message) -> tuple[float, dict[str, float]] | str:
         """(num-examples, scalar metrics) of an evaluation reply, or why it cannot be used."""
         if msg.has_error():
-            return f"error reply: {msg.error.reason}"
+            return error_reason(msg.error)
         if METRICS not in msg.content.metric_records:
             return f"reply lacks the '{METRICS}' record"
         metrics = read_metrics(msg.content.metric_records[METRICS])

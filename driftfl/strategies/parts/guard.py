@@ -28,6 +28,7 @@ from logging import WARNING
 import numpy as np
 from flwr.supercore import log
 
+from driftfl.common.error_replies import log_refused, resource_of
 from driftfl.common.protocol import NUM_EXAMPLES
 
 from driftfl.strategies.parts.aggregation import ClientUpdate, model_norm, update_norm
@@ -76,10 +77,19 @@ class ReplyGuard:
         self.clients = clients
 
     def refuse_reply(self, report, node: int, reason: str) -> None:
-        """Log and record (in the round's ``report``) that a node's reply is not used."""
+        """Log and record (in the round's ``report``) that a node's reply is not used; one that
+        failed for want of a resource is logged with the round's others (``log_starved``)."""
         report.rejected.append(f"{self.clients.describe(node)}: {reason}")
         report.rejected_partitions.append(self.clients.name(node))
-        log(WARNING, "round reply from %s rejected: %s", self.clients.describe(node), reason)
+        if resource_of(reason):
+            report.starved.append((self.clients.describe(node), reason))
+        else:
+            log(WARNING, "round reply from %s rejected: %s", self.clients.describe(node), reason)
+
+    @staticmethod
+    def log_starved(report) -> None:
+        """One line for the round's replies that failed for want of a resource."""
+        log_refused("round", report.starved)
 
     def peer_screen(self, report, updates: list[ClientUpdate], what: str,
                     size: Callable[[ClientUpdate], float], power: int = 1
