@@ -68,7 +68,7 @@ def _run_job(cfg, hydra_subdir: str | None = None, keep: Path | None = None,
     stopped run of this experiment, to go on with."""
     from hydra.core.hydra_config import HydraConfig
 
-    from driftfl.common.config import experiment_only
+    from driftfl.common.composing import experiment_only
     from driftfl.launch import check_connection, check_launch, launch_deployment, launch_simulation
     from driftfl.methods import check_experiment
     from driftfl.server.experiment import prepare_experiment
@@ -167,12 +167,11 @@ def refusal(args: list[str], reachable: bool = True) -> str | None:
     own advice (`+roundz=3` for a typo): every combination of swept config groups is composed
     and checked, a swept value at its first value; ``reachable``: and where the run would go
     (its federation, its Ray cluster). None when all is well, or when Hydra should speak for
-    itself (glob sweeps)."""
+    itself (glob sweeps). Every combination is composed before the settings' schema is
+    imported (torch, Flower: seconds), so an unknown or misplaced setting is refused at once."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    from driftfl.common.config import compose, conf_dir
-    from driftfl.launch import check_destination
-    from driftfl.methods import check_experiment
+    from driftfl.common.composing import composed, conf_dir
 
     words = overrides_in(args)
     parser = OverridesParser.create()
@@ -188,9 +187,18 @@ def refusal(args: list[str], reachable: bool = True) -> str | None:
         return None
     options = [values if (conf_dir() / o.key_or_group).is_dir() else values[:1]
                for o, values in zip(overrides, options)]
+    experiments = []
     for combination in itertools.islice(itertools.product(*options), 100):
         try:
-            experiment = check_experiment(compose(list(combination)))
+            experiments.append(composed(list(combination)))
+        except ConfigError as err:
+            return str(err)
+    from driftfl.launch import check_destination
+    from driftfl.methods import check_experiment
+
+    for settings in experiments:
+        try:
+            experiment = check_experiment(settings)
             if reachable:
                 check_destination(experiment)
         except ConfigError as err:
@@ -251,7 +259,7 @@ def output_dir(hydra_cfg: DictConfig, args: list[str]) -> tuple[str, Path]:
 def _hydra_settings(args: list[str]) -> DictConfig:
     """Hydra's own section under the command's hydra overrides; ConfigError where it does not
     compose."""
-    from driftfl.common.config import hydra_section
+    from driftfl.common.composing import hydra_section
 
     return hydra_section([a for a in overrides_in(args) if a.lstrip("+~").startswith("hydra")])
 
@@ -295,7 +303,7 @@ def checked_job(args: list[str]) -> tuple[list[str], Callable]:
 def run(args: list[str]) -> None:
     import hydra
 
-    from driftfl.common.config import conf_dir
+    from driftfl.common.composing import conf_dir
 
     job = _run_job  # Hydra runs no job for a flag that only shows something
     try:

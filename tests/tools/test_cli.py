@@ -234,7 +234,7 @@ def test_an_accepted_run_gets_the_files_hydra_would_have_written(tmp_path):
     from omegaconf import OmegaConf
 
     from driftfl.cli import NO_HYDRA_FILES, _save_hydra_files
-    from driftfl.common.config import conf_dir
+    from driftfl.common.composing import conf_dir
 
     with initialize_config_dir(str(conf_dir()), version_base="1.3"):
         cfg = compose("config", overrides=["rounds=2", NO_HYDRA_FILES], return_hydra_config=True)
