@@ -144,7 +144,17 @@ def _unknown_option(message: str) -> str | None:
         return None
     group, name = found.groups()
     options = group_options(group)
-    return f"unknown {group} '{name}'; valid: {', '.join(options)}" if options else None
+    if not options:
+        return None
+    where = (f" (searched {conf_dir() / group}/*.yaml, of the driftfl in use, {installation()}; "
+             "a model of your own: docs/adding-a-model.md)" if group == "model" else "")
+    return f"unknown {group} '{name}'; valid: {', '.join(options)}{where}"
+
+
+def installation() -> Path:
+    """The driftfl package in use, for a message about what it did not find: a user's own
+    model or yaml added to another checkout than the one installed is not there."""
+    return Path(__file__).resolve().parents[1]
 
 
 def _added_twice(message: str) -> str | None:

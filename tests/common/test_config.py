@@ -42,7 +42,10 @@ def test_unknown_group_option_is_one_line_with_the_valid_ones(group):
     plus = "+" if group == "experiment" else ""  # experiment is no default: it is added
     with pytest.raises(ConfigError) as refused:
         compose([f"{plus}{group}=foo"])
-    assert str(refused.value) == f"unknown {group} 'foo'; valid: {', '.join(valid)}"
+    # a model may be the user's own: where its yaml was looked for (docs/adding-a-model.md)
+    where = (f" (searched {REPO}/conf/model/*.yaml, of the driftfl in use, {REPO}/driftfl; a "
+             "model of your own: docs/adding-a-model.md)" if group == "model" else "")
+    assert str(refused.value) == f"unknown {group} 'foo'; valid: {', '.join(valid)}{where}"
 
 
 def test_a_group_outside_the_defaults_is_added_with_plus():
