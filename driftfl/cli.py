@@ -35,9 +35,9 @@ commands:
   run -m [overrides]  sweep (Hydra multirun), e.g. driftfl run -m strategy=fedavg,fedprox seed=0,1,2
   run --help          every setting and config group (Hydra's help)
   run --cfg job       print the composed config without running it
-  run [overrides] resume=DIR
-                      go on with a stopped run from its last complete round (the same
-                      overrides it ran with)
+  run resume=DIR [rounds=N]
+                      go on with a stopped run from its last complete round, with the
+                      settings it ran with (rounds=N: more rounds than it had)
   run superlink=NAME [overrides]
                       run on a deployed federation instead: NAME is a SuperLink connection
                       in ~/.flwr/config.toml (docs/deployment.md)
@@ -265,8 +265,10 @@ def _hydra_settings(args: list[str]) -> DictConfig:
 
 
 def resumed(args: list[str]) -> tuple[list[str], bool]:
-    """``resume=DIR`` becomes ``hydra.run.dir=DIR`` (the run goes on in its own directory);
-    whether it was there."""
+    """``resume=DIR`` becomes ``hydra.run.dir=DIR`` (the run goes on in its own directory) and
+    the overrides the run was started with (DIR/.hydra/overrides.yaml), each one the command
+    line gives again replaced by its value there; whether it was there. A resumed run may
+    change only rounds and how it is carried out: the checkpoint's check names any other."""
     chosen = [a for a in args if a.startswith("resume=")]
     if not chosen:
         return args, False
@@ -277,7 +279,36 @@ def resumed(args: list[str]) -> tuple[list[str], bool]:
         raise ConfigError("resume=DIR runs in DIR; drop hydra.run.dir")
     if not folder.is_dir():
         raise ConfigError(f"resume={folder}: no such run directory")
-    return [a for a in args if a not in chosen] + [f"hydra.run.dir={folder}"], True
+    args = [a for a in args if a not in chosen]
+    given = overrides_in(args)
+    merged = with_overrides(ran_with(folder), given)
+    at = next((i for i, a in enumerate(args) if a in given), len(args))  # Hydra's flags first
+    return ([*args[:at], *merged, *args[at + len(given):], f"hydra.run.dir={folder}"], True)
+
+
+def ran_with(run_dir: Path) -> list[str]:
+    """The overrides ``driftfl run`` started the run in ``run_dir`` with ([] where it did
+    not write them: a run of `flwr run`, or from before they were kept)."""
+    import yaml
+
+    saved = run_dir / ".hydra" / "overrides.yaml"
+    if not saved.is_file():
+        return []
+    overrides = yaml.safe_load(saved.read_text())
+    if not (isinstance(overrides, list) and all(isinstance(o, str) for o in overrides)):
+        raise ConfigError(f"resume={run_dir}: {saved} is not a list of overrides; give the "
+                          "run's overrides on the command line")
+    return overrides
+
+
+def with_overrides(earlier: list[str], given: list[str]) -> list[str]:
+    """``earlier`` overrides with those of ``given`` that set the same key in their place,
+    then the rest of ``given``."""
+    def key(override: str) -> str:
+        return override.split("=", 1)[0].lstrip("+~")
+
+    new = {key(o): o for o in given}
+    return [new.pop(key(o), o) for o in earlier] + [o for o in given if new.get(key(o)) == o]
 
 
 def checked_job(args: list[str]) -> tuple[list[str], Callable]:
