@@ -1,8 +1,8 @@
 """An experiment: composed by Hydra from the tree in conf/, checked against ExperimentConfig.
 
 Hydra composes the YAML files (the defaults a user reads and overrides: composing.py);
-ExperimentConfig is the schema every composed experiment must satisfy. The ``dataset``, ``partition`` and
-``model`` sections are checked here against the schema their ``name`` selects. The
+ExperimentConfig is the schema every composed experiment must satisfy. The ``dataset``,
+``partition`` and ``model`` sections are checked here against the schema their ``name`` selects. The
 ``strategy``, ``aggregation`` and ``selection`` sections belong to the server's parts: here
 they are open (a name and its settings), and ``driftfl.methods.check_experiment`` checks them.
 """

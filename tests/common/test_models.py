@@ -118,9 +118,10 @@ def test_a_model_in_the_user_folder_is_found_by_name_and_trains(user_models):
                           torch.Generator().manual_seed(0))
     assert stats.steps == 1 and all(not torch.equal(a, b)
                                     for a, b in zip(before, model.parameters()))
+    folders = f"[^ ]+, {re.escape(str(user_models))}"  # driftfl/models/, then the test's
     with pytest.raises(ConfigError, match=f"unknown model 'vgg'; valid: cnn, lenet5, mlp, "
                                           f"resnet18, tiny \\(the built-ins and those the "
-                                          f"modules in [^ ]+, {re.escape(str(user_models))} register"):
+                                          f"modules in {folders} register"):
         build_model({"name": "vgg"}, (1, 8, 8), 3)
 
 
