@@ -302,13 +302,20 @@ def ran_with(run_dir: Path) -> list[str]:
 
 
 def with_overrides(earlier: list[str], given: list[str]) -> list[str]:
-    """``earlier`` overrides with those of ``given`` that set the same key in their place,
-    then the rest of ``given``."""
+    """``earlier`` overrides with those of ``given`` that set the same key in the place of
+    the first that did (and the others left out), then the rest of ``given``; of a key given
+    twice, the last."""
     def key(override: str) -> str:
         return override.split("=", 1)[0].lstrip("+~")
 
-    new = {key(o): o for o in given}
-    return [new.pop(key(o), o) for o in earlier] + [o for o in given if new.get(key(o)) == o]
+    new, merged, replaced = {key(o): o for o in given}, [], set()
+    for override in earlier:
+        if key(override) not in new:
+            merged.append(override)
+        elif key(override) not in replaced:
+            merged.append(new[key(override)])
+            replaced.add(key(override))
+    return merged + [o for k, o in new.items() if k not in replaced]
 
 
 def checked_job(args: list[str]) -> tuple[list[str], Callable]:

@@ -22,6 +22,13 @@ def test_given_overrides_replace_the_runs_own_of_the_same_key(given, merged):
     assert with_overrides(["strategy=fedprox", "strategy.mu=0.1", "rounds=2"], given) == merged
 
 
+def test_a_key_the_run_was_given_twice_takes_the_new_value_once():
+    """Hydra takes a key's last value: the run's second rounds= must not outlast the new one."""
+    assert with_overrides(["rounds=2", "lr=0.1", "rounds=1"], ["rounds=3"]) == ["rounds=3",
+                                                                               "lr=0.1"]
+    assert with_overrides(["rounds=2", "rounds=1"], []) == ["rounds=2", "rounds=1"]
+
+
 def run_dir(tmp_path, overrides: str | None):
     folder = tmp_path / "run"
     (folder / ".hydra").mkdir(parents=True)
