@@ -118,6 +118,8 @@ class Federation:
 class SimulatedFederation(Federation):
     """Flower's simulation: every node is the experimenter's; the server assigns partitions."""
 
+    startup = "the SuperLink, Ray, loading the data, the clients' first message"
+
     def __init__(self, grid: Grid, cfg):
         super().__init__(grid, cfg)
         if cfg.owners is not None:
@@ -132,8 +134,6 @@ class SimulatedFederation(Federation):
                 f"this simulation has {have} SuperNodes but num_clients={cfg.num_clients}; give "
                 f"flwr run --federation-config \"num_supernodes={cfg.num_clients}\" (or set "
                 f"num_clients={have})") from None
-
-    startup = "the SuperLink, Ray, loading the data, the clients' first message"
 
     def meet(self, experiment_record, histograms):
         clients = assign_partitions(registration_order(self.raw, self.nodes),
