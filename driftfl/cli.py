@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 
 from driftfl.common.errors import ConfigError
 from driftfl.common.paths import cannot_write, existing_ancestor
+from driftfl.resume import ran_with, with_overrides
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -284,38 +285,6 @@ def resumed(args: list[str]) -> tuple[list[str], bool]:
     merged = with_overrides(ran_with(folder), given)
     at = next((i for i, a in enumerate(args) if a in given), len(args))  # Hydra's flags first
     return ([*args[:at], *merged, *args[at + len(given):], f"hydra.run.dir={folder}"], True)
-
-
-def ran_with(run_dir: Path) -> list[str]:
-    """The overrides ``driftfl run`` started the run in ``run_dir`` with ([] where it did
-    not write them: a run of `flwr run`, or from before they were kept)."""
-    import yaml
-
-    saved = run_dir / ".hydra" / "overrides.yaml"
-    if not saved.is_file():
-        return []
-    overrides = yaml.safe_load(saved.read_text())
-    if not (isinstance(overrides, list) and all(isinstance(o, str) for o in overrides)):
-        raise ConfigError(f"resume={run_dir}: {saved} is not a list of overrides; give the "
-                          "run's overrides on the command line")
-    return overrides
-
-
-def with_overrides(earlier: list[str], given: list[str]) -> list[str]:
-    """``earlier`` overrides with those of ``given`` that set the same key in the place of
-    the first that did (and the others left out), then the rest of ``given``; of a key given
-    twice, the last."""
-    def key(override: str) -> str:
-        return override.split("=", 1)[0].lstrip("+~")
-
-    new, merged, replaced = {key(o): o for o in given}, [], set()
-    for override in earlier:
-        if key(override) not in new:
-            merged.append(override)
-        elif key(override) not in replaced:
-            merged.append(new[key(override)])
-            replaced.add(key(override))
-    return merged + [o for k, o in new.items() if k not in replaced]
 
 
 def checked_job(args: list[str]) -> tuple[list[str], Callable]:

@@ -315,7 +315,7 @@ def resume_hint(run_dir: Path, overrides: list[str], prefix: str = "\ndriftfl: "
 
     if not (run_dir / CHECKPOINT).is_file():
         return ""
-    # resume=DIR alone takes the overrides driftfl run saved there (cli.ran_with)
+    # resume=DIR alone takes the overrides driftfl run saved there (resume.ran_with)
     again = "" if (run_dir / ".hydra" / "overrides.yaml").is_file() else " ".join(
         shlex.quote(o) for o in overrides if not o.startswith("hydra.run.dir="))
     return (f"{prefix}its rounds so far are saved, go on with: driftfl run {again} "

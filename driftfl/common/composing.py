@@ -1,7 +1,7 @@
 """Hydra's half of an experiment: the overrides composed over conf/ into plain settings, with
 what Hydra refuses (an unknown or misplaced setting, an unknown option of a config group) said
 in one line. Only Hydra and OmegaConf are imported here, not the schema's modules (torch, Flower),
-so that `driftfl run` refuses a mistyped setting in about a second
+so that `driftfl run` refuses a mistyped setting in a fraction of a second
 (benchmarks/typo_refusal.py); ``driftfl.common.config`` then checks the settings' values.
 """
 

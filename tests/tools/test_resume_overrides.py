@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from driftfl.cli import resumed, with_overrides
+from driftfl.cli import resumed
 from driftfl.common.errors import ConfigError
+from driftfl.resume import with_overrides
 
 
 @pytest.mark.parametrize("given, merged", [
