@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 
 from driftfl.common.errors import ConfigError
 from driftfl.common.paths import cannot_write, existing_ancestor
+from driftfl.resume import ran_with, with_overrides
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -35,9 +36,9 @@ commands:
   run -m [overrides]  sweep (Hydra multirun), e.g. driftfl run -m strategy=fedavg,fedprox seed=0,1,2
   run --help          every setting and config group (Hydra's help)
   run --cfg job       print the composed config without running it
-  run [overrides] resume=DIR
-                      go on with a stopped run from its last complete round (the same
-                      overrides it ran with)
+  run resume=DIR [rounds=N]
+                      go on with a stopped run from its last complete round, with the
+                      settings it ran with (rounds=N: more rounds than it had)
   run superlink=NAME [overrides]
                       run on a deployed federation instead: NAME is a SuperLink connection
                       in ~/.flwr/config.toml (docs/deployment.md)
@@ -68,7 +69,7 @@ def _run_job(cfg, hydra_subdir: str | None = None, keep: Path | None = None,
     stopped run of this experiment, to go on with."""
     from hydra.core.hydra_config import HydraConfig
 
-    from driftfl.common.config import experiment_only
+    from driftfl.common.composing import experiment_only
     from driftfl.launch import check_connection, check_launch, launch_deployment, launch_simulation
     from driftfl.methods import check_experiment
     from driftfl.server.experiment import prepare_experiment
@@ -167,12 +168,11 @@ def refusal(args: list[str], reachable: bool = True) -> str | None:
     own advice (`+roundz=3` for a typo): every combination of swept config groups is composed
     and checked, a swept value at its first value; ``reachable``: and where the run would go
     (its federation, its Ray cluster). None when all is well, or when Hydra should speak for
-    itself (glob sweeps)."""
+    itself (glob sweeps). Every combination is composed before the settings' schema is
+    imported (torch, Flower: seconds), so an unknown or misplaced setting is refused at once."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    from driftfl.common.config import compose, conf_dir
-    from driftfl.launch import check_destination
-    from driftfl.methods import check_experiment
+    from driftfl.common.composing import composed, conf_dir
 
     words = overrides_in(args)
     parser = OverridesParser.create()
@@ -188,9 +188,18 @@ def refusal(args: list[str], reachable: bool = True) -> str | None:
         return None
     options = [values if (conf_dir() / o.key_or_group).is_dir() else values[:1]
                for o, values in zip(overrides, options)]
+    experiments = []
     for combination in itertools.islice(itertools.product(*options), 100):
         try:
-            experiment = check_experiment(compose(list(combination)))
+            experiments.append(composed(list(combination)))
+        except ConfigError as err:
+            return str(err)
+    from driftfl.launch import check_destination
+    from driftfl.methods import check_experiment
+
+    for settings in experiments:
+        try:
+            experiment = check_experiment(settings)
             if reachable:
                 check_destination(experiment)
         except ConfigError as err:
@@ -251,14 +260,16 @@ def output_dir(hydra_cfg: DictConfig, args: list[str]) -> tuple[str, Path]:
 def _hydra_settings(args: list[str]) -> DictConfig:
     """Hydra's own section under the command's hydra overrides; ConfigError where it does not
     compose."""
-    from driftfl.common.config import hydra_section
+    from driftfl.common.composing import hydra_section
 
     return hydra_section([a for a in overrides_in(args) if a.lstrip("+~").startswith("hydra")])
 
 
 def resumed(args: list[str]) -> tuple[list[str], bool]:
-    """``resume=DIR`` becomes ``hydra.run.dir=DIR`` (the run goes on in its own directory);
-    whether it was there."""
+    """``resume=DIR`` becomes ``hydra.run.dir=DIR`` (the run goes on in its own directory) and
+    the overrides the run was started with (DIR/.hydra/overrides.yaml), each one the command
+    line gives again replaced by its value there; whether it was there. A resumed run may
+    change only rounds and how it is carried out: the checkpoint's check names any other."""
     chosen = [a for a in args if a.startswith("resume=")]
     if not chosen:
         return args, False
@@ -269,7 +280,11 @@ def resumed(args: list[str]) -> tuple[list[str], bool]:
         raise ConfigError("resume=DIR runs in DIR; drop hydra.run.dir")
     if not folder.is_dir():
         raise ConfigError(f"resume={folder}: no such run directory")
-    return [a for a in args if a not in chosen] + [f"hydra.run.dir={folder}"], True
+    args = [a for a in args if a not in chosen]
+    given = overrides_in(args)
+    merged = with_overrides(ran_with(folder), given)
+    at = next((i for i, a in enumerate(args) if a in given), len(args))  # Hydra's flags first
+    return ([*args[:at], *merged, *args[at + len(given):], f"hydra.run.dir={folder}"], True)
 
 
 def checked_job(args: list[str]) -> tuple[list[str], Callable]:
@@ -295,7 +310,7 @@ def checked_job(args: list[str]) -> tuple[list[str], Callable]:
 def run(args: list[str]) -> None:
     import hydra
 
-    from driftfl.common.config import conf_dir
+    from driftfl.common.composing import conf_dir
 
     job = _run_job  # Hydra runs no job for a flag that only shows something
     try:

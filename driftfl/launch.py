@@ -107,11 +107,15 @@ def flwr_env(flwr_home: str, ray_address: str | None = None) -> dict[str, str]:
                                                       "ignore:Tip:FutureWarning"]))}
 
 
-def run_config_arg(overrides: list[str], run_dir: Path, resume: bool = False) -> str:
+def run_config_arg(overrides: list[str], run_dir: Path, resume: bool = False,
+                   launched: float = 0.0) -> str:
+    """The ServerApp's run config (pyproject.toml's [tool.flwr.app.config]); ``launched``:
+    when this command started, on the ServerApp's clock (simulation: this machine's)."""
     encoded = json.dumps(overrides)
     if "'" in encoded or "'" in str(run_dir):
         raise ConfigError("overrides and output paths cannot contain single quotes (')")
-    return f"overrides='{encoded}' run-dir='{run_dir}'" + (" resume=true" if resume else "")
+    return (f"overrides='{encoded}' run-dir='{run_dir}'" + (" resume=true" if resume else "")
+            + (f" launched={launched!r}" if launched else ""))
 
 
 def check_launch(overrides: list[str], run_dir: Path, ray_address: str | None = None) -> None:
@@ -231,6 +235,7 @@ def launch_simulation(cfg: ExperimentConfig, overrides: list[str], run_dir: Path
     """Run the experiment (``resume``: go on with the stopped run in ``run_dir``); 0 when it
     completed and wrote its results to ``run_dir``. Ctrl-C or a SIGTERM stops the SuperLink
     (and the Ray workers under it) too, and says how to resume."""
+    launched = time.time()  # the run's start-up counts from here
     check_launch(overrides, run_dir, cfg.simulation.ray_address)
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -247,7 +252,7 @@ def launch_simulation(cfg: ExperimentConfig, overrides: list[str], run_dir: Path
                           f"client_resources_num_cpus={cfg.simulation.client_cpus} "
                           f"client_resources_num_gpus={cfg.simulation.client_gpus}")
             finished = follow([CONNECTION, "--run-config", run_config_arg(overrides, run_dir,
-                                                                          resume),
+                                                                          resume, launched),
                                "--federation-config", federation, "--stream"], env, cfg.verbose,
                               scratch=flwr_home)  # the watchdog removes it after a SIGKILL
         except (SystemExit, KeyboardInterrupt) as stopped:  # `finally` stops the SuperLink
@@ -337,6 +342,8 @@ def saved(run_dir: Path, overrides: list[str]) -> str:
     done, rounds = found
     if done >= rounds:
         return f"all {rounds} rounds are saved in {run_dir / CHECKPOINT}, but not its results"
-    again = " ".join(shlex.quote(o) for o in overrides if not o.startswith("hydra.run.dir="))
+    # resume=DIR alone takes the overrides driftfl run saved there (resume.ran_with)
+    again = "" if (run_dir / ".hydra" / "overrides.yaml").is_file() else " ".join(
+        shlex.quote(o) for o in overrides if not o.startswith("hydra.run.dir="))
     return (f"it is saved after round {done} of {rounds}, go on with: driftfl run {again} "
             f"resume={shlex.quote(str(run_dir))}").replace("  ", " ")

@@ -21,7 +21,8 @@ from collections.abc import Mapping
 
 import yaml
 
-from driftfl.common.config import ExperimentConfig, conf_dir
+from driftfl.common.composing import conf_dir
+from driftfl.common.config import ExperimentConfig
 from driftfl.common.errors import ConfigError
 
 # a noise share's coordinate stays within this many stds but with probability exp(-50)

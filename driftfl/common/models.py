@@ -20,6 +20,7 @@ import torch
 from pydantic import Field
 from torch import nn
 
+from .composing import installation
 from .errors import ConfigError
 from .settings import MANY, Settings, section
 
@@ -173,7 +174,14 @@ def resnet18(shape, num_classes) -> DriftModel:
 
 
 def model_settings(spec: Mapping | ModelSettings) -> ModelSettings:
-    return section("model", spec, {name: entry[0] for name, entry in registered_models().items()})
+    table = {name: entry[0] for name, entry in registered_models().items()}
+    if not isinstance(spec, ModelSettings) and spec.get("name") not in table:
+        folders = ", ".join(importlib.import_module(USER_MODELS).__path__)
+        raise ConfigError(f"unknown model '{spec.get('name')}'; valid: {', '.join(sorted(table))} "
+                          f"(the built-ins and those the modules in {folders} register, of the "
+                          f"driftfl in use, {installation()}; a model of your own: "
+                          "docs/adding-a-model.md)")
+    return section("model", spec, table)
 
 
 def build_model(spec: Mapping | ModelSettings, shape, num_classes: int) -> DriftModel:

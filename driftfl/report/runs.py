@@ -25,6 +25,7 @@ class Run:
     path: Path
     config: dict
     rounds: list[dict]
+    startup: float | None = None  # seconds of its start-up (summary.json; older runs: None)
     settings: dict[str, str] = field(init=False)  # dotted key -> value as text, compared ones
 
     def __post_init__(self) -> None:
@@ -80,12 +81,13 @@ def find_runs(paths: list[Path]) -> tuple[list[Run], list[Path]]:
         for metrics in sorted(Path(root).rglob("metrics.json")):
             folder = metrics.parent
             try:
-                summary = folder / "summary.json"
-                if not summary.is_file() or _read(summary, json.loads).get("status") != "completed":
+                path = folder / "summary.json"
+                summary = _read(path, json.loads) if path.is_file() else {}
+                if summary.get("status") != "completed":
                     unfinished.append(folder)
                     continue
                 run = Run(folder, _read(folder / "config.yaml", yaml.safe_load),
-                          _rounds(_read(metrics, json.loads)))
+                          _rounds(_read(metrics, json.loads)), summary.get("startup_seconds"))
                 if not run.trained:
                     raise ValueError("it has no trained round (only round 0)")
                 runs.append(run)

@@ -131,7 +131,7 @@ def summarise(shown: list[Group], groups: list[Group], by: list[str], target: st
     of them, shown or not) hold the target rows."""
     header = [*by, "runs", "rounds", "final acc (%)", "best acc (%)",
               f"rounds to {target}'s final acc" if target else "rounds to target",
-              "s / round from round 2", "s in round 1 (incl. start-up)",
+              "s / round from round 2", "s of start-up",
               "MB / client / round (down, up)", *(f"mean {m}" for m in metrics)]
     per_client = clients.recorded(shown)  # per-client evaluation: its columns where measured
     header += clients.header() if per_client else []
@@ -146,7 +146,7 @@ def summarise(shown: list[Group], groups: list[Group], by: list[str], target: st
                      mean_std([max(r.accuracy) for r in group.runs]),
                      _race(group, _goal(group, groups, target)),
                      _mean(numbers([r for r in trained if r["round"] > 1], "seconds"), 1),
-                     _mean(numbers([r for r in trained if r["round"] == 1], "seconds"), 1),
+                     _mean([r.startup for r in group.runs if number(r.startup)], 1),
                      _traffic(trained), *(_diagnostic(group, m) for m in metrics),
                      *(clients.cells(group) if per_client else [])])
         if private:

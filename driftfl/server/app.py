@@ -61,6 +61,7 @@ logging.getLogger("flwr").addFilter(quiet_flower_errors)
 
 @app.main()
 def main(grid: Grid, context: Context) -> None:
+    launched = float(context.run_config.get("launched", 0.0)) or time.time()  # the start-up's start
     one_blas_thread()
     run_dir = context.run_config.get("run-dir") or (
         paths.home() / "runs" / time.strftime("%Y-%m-%d") / time.strftime("%H-%M-%S"))
@@ -68,7 +69,7 @@ def main(grid: Grid, context: Context) -> None:
         cfg = compose(experiment_overrides(context.run_config))
         experiment = prepare_experiment(cfg)
         run_experiment(grid, experiment, Path(str(run_dir)), context.run_id,
-                       resume=bool(context.run_config.get("resume", False)))
+                       resume=bool(context.run_config.get("resume", False)), launched=launched)
     except ConfigError as err:
         print(f"driftfl: error: {err}", flush=True)
         # An Exception, not SystemExit: Flower then flushes the logs and marks the run failed.
@@ -76,8 +77,10 @@ def main(grid: Grid, context: Context) -> None:
 
 
 def run_experiment(grid: Grid, experiment: Experiment, run_dir: Path, run_id: int,
-                   resume: bool = False) -> dict:
-    """The whole run; ``resume``: go on from the checkpoint in ``run_dir``."""
+                   resume: bool = False, launched: float | None = None) -> dict:
+    """The whole run; ``resume``: go on from the checkpoint in ``run_dir``; ``launched``: when
+    its start-up began (time.time(); None: now)."""
+    launched = time.time() if launched is None else launched
     cfg = experiment.cfg
     if not cfg.verbose:
         logging.getLogger("flwr").setLevel(logging.WARNING)
@@ -139,13 +142,17 @@ def run_experiment(grid: Grid, experiment: Experiment, run_dir: Path, run_id: in
         federation.grid.take()  # the data survey again: round 0's row counted it once already
         print(f"driftfl: resuming {run_dir} after round {saved['round']} of {cfg.rounds}",
               flush=True)
+    recorder.begin_rounds(time.time() - launched)  # round 1 is timed as every later round
+    evaluator.round_started = time.perf_counter()
+    print(f"driftfl: start-up {console.duration(recorder.startup_seconds)} "
+          f"({federation.startup})", flush=True)
 
     latest = {"arrays": arrays}  # the model after the last round that ran
 
     def after_round(server_round: int, arrays: ArrayRecord) -> None:
         latest["arrays"] = arrays
         checkpoint.save(run_dir, server_round, to_numpy(arrays), strategy, recorder.rows,
-                        recorder.arrays, recorder.seconds(), cfg)
+                        recorder.arrays, recorder.total_seconds(), cfg)
         if stop := stop_reason(recorder.rows, cfg.max_rounds_without_reply,
                                telling(strategy.report.rejected)):
             raise RunStopped(stop)
@@ -170,7 +177,8 @@ def run_experiment(grid: Grid, experiment: Experiment, run_dir: Path, run_id: in
                "rounds_without_usable_reply": sum(not learned(r) for r in rows[1:]),
                "final_accuracy": rows[-1]["test_accuracy"], "final_loss": rows[-1]["test_loss"],
                "best_accuracy": best["test_accuracy"], "best_round": best["round"],
-               "seconds": recorder.seconds(), **gaps,
+               **recorder.timing(), **gaps,
+               **({"resumed_after_round": saved["round"]} if saved else {}),
                **byte_totals(rows), **privacy_summary(strategy, rows, budget)}
     note = console.protection_note(strategy.release.label, summary)
     recorder.finish(model, summary, f"{title}\n{note}" if note else title)

@@ -3,8 +3,9 @@ run directory): the global model, the strategy's server state (momentum, teacher
 prototypes, control variates, DCFL's store, ...), the random generators' states and the metrics
 so far.
 
-``driftfl run <overrides> resume=<run dir>`` then runs the rounds after the last complete one
-and ends with the same model and rows as the run that was not interrupted.
+``driftfl run resume=<run dir>`` then runs the rounds after the last complete one, with the
+overrides the run was started with, and ends with the same model and rows as the run that was
+not interrupted (``rounds=N`` extends it).
 
 The file holds arrays and JSON only (``treefile``: a NumPy archive read without pickle), so
 reading it runs nothing. Before anything runs, a checkpoint is checked against the experiment
@@ -53,6 +54,7 @@ KEYS = ("format", "version", "round", "config", "arrays", "strategy", "rng", "ro
         "recorded", "seconds")
 ROW_NUMBERS = ("round", "test_accuracy", "test_loss", "model_updated", "bytes_sent",
                "bytes_received")  # what the run's summary reads from every row (and bytes_*)
+RESUMABLE = OPERATIONAL | {"rounds"}  # what a resumed run may set anew
 ADVICE = "resume another run directory, or run without resume= to start afresh"
 
 
@@ -85,10 +87,11 @@ def load(run_dir: Path, cfg: ExperimentConfig, model: nn.Module, strategy) -> di
     differ = differences(state["config"], cfg.model_dump(mode="json"))
     if differ:
         raise ConfigError(f"cannot resume {run_dir}: its experiment differs in "
-                          f"{', '.join(differ)}; resume with the overrides it ran with "
-                          f"(its config.yaml)")
+                          f"{', '.join(differ)}; a resumed run keeps the settings it ran with "
+                          f"(its config.yaml) but for rounds and {', '.join(sorted(OPERATIONAL))}")
     if state["round"] >= cfg.rounds:
-        raise ConfigError(f"cannot resume {run_dir}: all {cfg.rounds} rounds are done")
+        raise ConfigError(f"cannot resume {run_dir}: all {cfg.rounds} rounds are done; more "
+                          f"with rounds=<more than {state['round']}>")
     if problem := unfit(state, model, strategy):
         raise ConfigError(f"cannot resume {run_dir}: its {CHECKPOINT} {problem}; {ADVICE}")
     return state
@@ -306,11 +309,13 @@ def restore_random(state: dict) -> None:
 
 
 def differences(saved: dict, wanted: dict, prefix: str = "") -> list[str]:
-    """The settings (dotted keys, with both values) in which two experiments differ, the
-    operational ones aside."""
+    """The settings (dotted keys, with both values) in which two experiments differ, those a
+    resumed run may change aside: the operational ones, and rounds (no server state depends on
+    how many are to come, so a run extended by a resume trains as the longer run would; only
+    per-client evaluation, which measures the last round too, has measured one more round)."""
     found = []
     for key in sorted(set(saved) | set(wanted)):
-        if f"{prefix}{key}" in OPERATIONAL:
+        if f"{prefix}{key}" in RESUMABLE:
             continue
         a, b = saved.get(key), wanted.get(key)
         if isinstance(a, dict) and isinstance(b, dict):

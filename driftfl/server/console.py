@@ -139,7 +139,23 @@ def summary_line(summary: dict, run_dir) -> str:
     incomplete = (f"driftfl: the run is {summary['status']}: {summary['reason']}\n"
                   if summary.get("reason") else "")
     rounds = summary.get("rounds_run", summary["rounds"])  # a privacy budget may stop it early
-    return incomplete + (f"driftfl: {rounds} rounds in {duration(summary['seconds'])}; final test "
+    return incomplete + (f"driftfl: {timing(summary, rounds)}; final test "
             f"accuracy {100 * summary['final_accuracy']:.2f}% (best "
             f"{100 * summary['best_accuracy']:.2f}% at round {summary['best_round']})\n"
             f"{RESULTS}{run_dir} (metrics.csv, metrics.json, accuracy.png, model.pt)")
+
+
+def timing(summary: dict, rounds: int) -> str:
+    """'5 rounds in 12.0 s after a 40.1 s start-up', and a resumed run's earlier parts apart:
+    'rounds 4-5 in ... (rounds 1-3: 9.2 s before the resume)'."""
+    def span(first: int, last: int) -> str:
+        return f"round {last}" if first == last else f"rounds {first}-{last}"
+
+    after = summary.get("resumed_after_round")
+    done = span(after + 1, rounds) if after else f"{rounds} round{'s' * (rounds != 1)}"
+    text = (f"{done} in {duration(summary['seconds'])} after a "
+            f"{duration(summary['startup_seconds'])} start-up")
+    if after:
+        text += (f" ({span(1, after)}: {duration(summary['seconds_before_resume'])} before "
+                 "the resume)")
+    return text

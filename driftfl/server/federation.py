@@ -36,7 +36,7 @@ from driftfl.common.owners import read_owners
 from . import checkpoint
 from .nodes import wait_for_nodes
 from .roster import Roster
-from .simulated import AssigningGrid, assign_partitions, registration_order
+from .simulated import AssigningGrid, assign_partitions, registration_order, warm_up
 from .survey import survey_clients
 from .traffic import MeteredGrid
 
@@ -62,6 +62,7 @@ class Federation:
     """What a simulated and a deployed federation share."""
 
     claims_counts = False  # nodes claim their example counts (their weights are capped)
+    startup = "loading the data, meeting the clients"  # what a run's start-up is spent on
 
     def __init__(self, grid: Grid, cfg):
         self.raw, self.cfg = grid, cfg
@@ -81,7 +82,8 @@ class Federation:
 
     def start(self, clients: list[dict], run_dir: Path, experiment_record: ConfigRecord,
               on_change) -> None:
-        """Before the first round: ``on_change(clients, moved)`` when clients rejoin."""
+        """Before the first round, the end of the run's start-up: ``on_change(clients,
+        moved)`` when clients rejoin."""
 
     def record_moves(self, recorder, clients: list[dict], moved: dict[int, int]) -> None:
         """A resumed run found clients under other node ids than its checkpoint's."""
@@ -116,6 +118,8 @@ class Federation:
 class SimulatedFederation(Federation):
     """Flower's simulation: every node is the experimenter's; the server assigns partitions."""
 
+    startup = "the SuperLink, Ray, loading the data, the clients' first message"
+
     def __init__(self, grid: Grid, cfg):
         super().__init__(grid, cfg)
         if cfg.owners is not None:
@@ -134,8 +138,12 @@ class SimulatedFederation(Federation):
     def meet(self, experiment_record, histograms):
         clients = assign_partitions(registration_order(self.raw, self.nodes),
                                     self.cfg.num_clients, histograms)
-        self.grid = RoundGrid(MeteredGrid(AssigningGrid(self.raw, clients)))
+        self.assigning = AssigningGrid(self.raw, clients)
+        self.grid = RoundGrid(MeteredGrid(self.assigning))
         return clients
+
+    def start(self, clients, run_dir, experiment_record, on_change):
+        warm_up(self.assigning, clients, experiment_record, self.cfg)  # not metered: no round's
 
 
 class DeployedFederation(Federation):
@@ -143,6 +151,7 @@ class DeployedFederation(Federation):
     lost and come back."""
 
     claims_counts = True
+    startup = "loading the data, waiting for the nodes, the data survey"
 
     def __init__(self, grid: Grid, cfg):
         super().__init__(grid, cfg)

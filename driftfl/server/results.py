@@ -98,7 +98,10 @@ class RunRecorder:
         self.rows: list[dict] = list(resumed["rows"]) if resumed else []
         # name -> {"round_<r>": array}
         self.arrays: dict[str, dict[str, np.ndarray]] = dict(resumed["recorded"]) if resumed else {}
-        self.started = time.time() - (resumed["seconds"] if resumed else 0.0)
+        # the rounds' wall time of the parts before a resume (their start-ups apart); this
+        # part's rounds start when its start-up ends (begin_rounds)
+        self.seconds_before = resumed["seconds"] if resumed else None
+        self.startup_seconds, self.started = 0.0, time.time()
         earlier = self.dir / "partition.json"  # a resumed run keeps the moves made before
         self.node_changes: list[dict] = (json.loads(earlier.read_text()).get("node_changes", [])
                                          if resumed and earlier.is_file() else [])
@@ -117,9 +120,25 @@ class RunRecorder:
             meta["earlier"] = [*earlier.pop("earlier", []), earlier]
         self._write_json("meta.json", meta)
 
+    def begin_rounds(self, startup_seconds: float) -> None:
+        """The run's start-up took ``startup_seconds``; its rounds begin now."""
+        self.startup_seconds, self.started = startup_seconds, time.time()
+
     def seconds(self) -> float:
-        """Wall time of the run so far (the parts before a resume included)."""
+        """Wall time of this part's rounds so far (not its start-up, nor a resumed run's
+        earlier parts)."""
         return time.time() - self.started
+
+    def total_seconds(self) -> float:
+        """Wall time of the rounds of every part so far: what a checkpoint keeps."""
+        return (self.seconds_before or 0.0) + self.seconds()
+
+    def timing(self) -> dict[str, float]:
+        """The summary's times: this part's rounds and its start-up, and a resumed run's
+        earlier parts' rounds apart."""
+        before = {} if self.seconds_before is None else {
+            "seconds_before_resume": self.seconds_before}
+        return {"seconds": self.seconds(), "startup_seconds": self.startup_seconds, **before}
 
     def _write_json(self, name: str, payload) -> None:
         (self.dir / name).write_text(json.dumps(_json_safe(payload), indent=2) + "\n")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from driftfl.common.config import parse_overrides
+from driftfl.common.composing import parse_overrides
 from driftfl.common.errors import ConfigError
 
 # Flower's key -> (the driftfl setting, the value that leaves it unset); pyproject.toml's

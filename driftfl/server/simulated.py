@@ -22,6 +22,7 @@ kept one actor busy while the other idled: 5 % on a median run of 10 unequal cli
 from __future__ import annotations
 
 import math
+import os
 import time
 from collections.abc import Callable, Iterable
 from datetime import datetime, timezone
@@ -96,3 +97,16 @@ class AssigningGrid:
         content = RecordDict({**msg.content, CONFIG: config})
         return Message(content, dst_node_id=node, message_type=msg.metadata.message_type,
                        ttl=msg.metadata.ttl, group_id=msg.metadata.group_id)
+
+
+def warm_up(grid: AssigningGrid, clients: list[dict], experiment_record: ConfigRecord,
+            cfg) -> None:
+    """Before round 1, one query (the data survey's) to as many nodes as run at once, so that
+    Ray's workers start, import the ClientApp and load their data now, in the run's start-up,
+    and round 1 trains as every later round does. Their replies tell the server nothing it
+    does not know; a node that cannot answer fails in round 1 as it would have."""
+    from .survey import ask_summaries
+
+    at_once = max(1, (os.cpu_count() or 1) // cfg.simulation.client_cpus)  # Ray's actors here
+    ask_summaries(grid, experiment_record, [c["node_id"] for c in clients[:at_once]],
+                  cfg.round_timeout)

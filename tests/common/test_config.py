@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from driftfl.common.config import compose, experiment_only, parse_overrides
+from driftfl.common.composing import experiment_only, parse_overrides
+from driftfl.common.config import compose
 from driftfl.common.errors import ConfigError
 from driftfl.server.experiment import prepare_experiment
 
@@ -41,7 +42,10 @@ def test_unknown_group_option_is_one_line_with_the_valid_ones(group):
     plus = "+" if group == "experiment" else ""  # experiment is no default: it is added
     with pytest.raises(ConfigError) as refused:
         compose([f"{plus}{group}=foo"])
-    assert str(refused.value) == f"unknown {group} 'foo'; valid: {', '.join(valid)}"
+    # a model may be the user's own: where its yaml was looked for (docs/adding-a-model.md)
+    where = (f" (searched {REPO}/conf/model/*.yaml, of the driftfl in use, {REPO}/driftfl; a "
+             "model of your own: docs/adding-a-model.md)" if group == "model" else "")
+    assert str(refused.value) == f"unknown {group} 'foo'; valid: {', '.join(valid)}{where}"
 
 
 def test_a_group_outside_the_defaults_is_added_with_plus():
@@ -53,11 +57,52 @@ def test_a_group_outside_the_defaults_is_added_with_plus():
 @pytest.mark.parametrize("override, message", [
     ("roundz=3", "unknown setting roundz; did you mean rounds?"),
     ("partition.alpah=0.1", "unknown setting partition.alpah; did you mean partition.alpha?"),
-    ("model.hidden=[8]", "unknown setting model.hidden; valid: model.name"),  # cnn has none
 ])
 def test_unknown_key_is_refused_with_the_nearest_valid_name(override, message):
     with pytest.raises(ConfigError, match=message):
         compose([override])
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["strategy=fedavg", "strategy.mu=0.1"],
+     "strategy.mu is not a setting of strategy=fedavg; methods that have it: fedcsd, fedproto, "
+     "fedprox, moon"),
+    (["model.hidden=[8]"], "model.hidden is not a setting of model=cnn; models that have it: mlp"),
+    (["privacy.clip=1"], "privacy.clip is not a setting of privacy=none; privacy options that "
+                         "have it: central, distributed"),
+    # no method has it: the chosen one's nearest key, as for any typo
+    (["strategy=fedprox", "strategy.muu=0.1"],
+     "unknown setting strategy.muu; did you mean strategy.mu?"),
+])
+def test_a_setting_of_another_option_names_the_options_that_have_it(overrides, message):
+    with pytest.raises(ConfigError) as refused:
+        compose(overrides)
+    assert str(refused.value) == message
+
+
+def test_the_options_that_have_a_setting_are_read_from_their_yaml():
+    from driftfl.common.composing import group_options, options_with
+
+    assert options_with("strategy", ["ipc"]) == ["dcfl"]
+    assert options_with("strategy", ["name"]) == group_options("strategy")
+    assert options_with("rounds", ["x"]) == []  # no config group
+
+
+@pytest.mark.parametrize("override, message", [
+    ("roundz=3", "unknown setting roundz; did you mean rounds?"),
+    ("strategy.mu=0.1", "strategy.mu is not a setting of strategy=fedavg; methods that have it"),
+])
+def test_a_mistyped_setting_is_refused_before_torch_or_flower_is_imported(override, message):
+    """What makes the refusal take a fraction of a second rather than several (the imports of
+    torch and Flower; benchmarks/typo_refusal.py measures it)."""
+    import subprocess
+    import sys
+
+    probe = ("import sys; from driftfl.cli import refusal; print(refusal(sys.argv[1:])); "
+             "print(sorted({'torch', 'flwr', 'ray'} & sys.modules.keys()))")
+    out = subprocess.run([sys.executable, "-c", probe, override], capture_output=True,
+                         text=True, check=True).stdout.splitlines()
+    assert out[0].startswith(message) and out[1] == "[]"
 
 
 @pytest.mark.parametrize("overrides, message", [
@@ -88,7 +133,7 @@ def test_overrides_hydra_cannot_use_are_one_line(overrides, message):
                            "not Optional"),
 ])
 def test_hydra_settings_hydra_cannot_use_are_one_line(override, message):
-    from driftfl.common.config import hydra_section
+    from driftfl.common.composing import hydra_section
 
     with pytest.raises(ConfigError) as refused:
         hydra_section([override])

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import importlib
 import os
+import re
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -47,9 +49,18 @@ def test_resnet18_keeps_small_images_at_full_resolution():
     assert any(isinstance(m, torch.nn.BatchNorm2d) for m in net.modules())
 
 
-def test_unknown_model_lists_the_valid_ones():
-    with pytest.raises(ConfigError, match="unknown model 'vgg'; valid: cnn, lenet5, mlp, resnet18"):
+def test_unknown_model_lists_the_valid_ones_and_where_driftfl_looked():
+    """A module added to another checkout than the driftfl in use is not found: the message
+    names the folder searched and the installation."""
+    import driftfl
+
+    package = Path(driftfl.__file__).resolve().parent
+    with pytest.raises(ConfigError) as refused:
         build_model({"name": "vgg"}, (1, 28, 28), 10)
+    assert str(refused.value) == (
+        f"unknown model 'vgg'; valid: cnn, lenet5, mlp, resnet18 (the built-ins and those the "
+        f"modules in {package / 'models'} register, of the driftfl in use, {package}; a model "
+        "of your own: docs/adding-a-model.md)")
 
 
 def test_images_too_small_for_the_model_are_a_config_error():
@@ -107,8 +118,10 @@ def test_a_model_in_the_user_folder_is_found_by_name_and_trains(user_models):
                           torch.Generator().manual_seed(0))
     assert stats.steps == 1 and all(not torch.equal(a, b)
                                     for a, b in zip(before, model.parameters()))
-    with pytest.raises(ConfigError, match="unknown model 'vgg'; valid: cnn, lenet5, mlp, "
-                                          "resnet18, tiny$"):
+    folders = f"[^ ]+, {re.escape(str(user_models))}"  # driftfl/models/, then the test's
+    with pytest.raises(ConfigError, match=f"unknown model 'vgg'; valid: cnn, lenet5, mlp, "
+                                          f"resnet18, tiny \\(the built-ins and those the "
+                                          f"modules in {folders} register"):
         build_model({"name": "vgg"}, (1, 8, 8), 3)
 
 

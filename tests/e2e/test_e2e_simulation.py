@@ -46,6 +46,11 @@ def test_driftfl_run_trains_and_writes_the_run_directory(tmp_path, fmnist_availa
     # progress: the data table, one line per round with accuracy and time, a summary
     assert "clients' data (fedavg on fmnist, Dirichlet(0.5), 4 clients, mlp)" in out.stdout
     assert "round   2/2  test acc" in out.stdout and "driftfl: 2 rounds in" in out.stdout
+    # the start-up (the SuperLink, Ray, the clients' first message) once, before round 0: no
+    # round's train time holds it
+    lines = out.stdout.splitlines()
+    [startup] = [i for i, line in enumerate(lines) if line.startswith("driftfl: start-up ")]
+    assert lines[startup + 1].startswith("round   0/2")
     # only driftfl's own lines: Flower's and Ray's notices need verbose=true
     own = re.compile(r"^(clients' data \(|client +n |\s+\d+\s+\d+|round +\d+/\d+ |driftfl: |"
                      r"results: )")
@@ -74,6 +79,7 @@ def test_driftfl_run_trains_and_writes_the_run_directory(tmp_path, fmnist_availa
             "train_loss"} <= set(header)
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["bytes_up_arrays"] == sum(r.get("bytes_up_arrays", 0) for r in rows)
+    assert summary["startup_seconds"] > 0 and "seconds_before_resume" not in summary
 
     config = yaml.safe_load((run_dir / "config.yaml").read_text())
     assert config["dataset"]["subset"] == 4000 and config["strategy"]["name"] == "fedavg"
@@ -108,6 +114,32 @@ def test_a_partition_that_leaves_classes_unheld_warns_and_says_so_in_the_summary
             for c, n in enumerate(client["label_histogram"]) if n}
     assert held == set(range(10)) - set(unheld)
     assert all(read_rounds(run_dir)[-1]["per_class_accuracy"][c] == 0 for c in unheld)
+
+
+def test_resume_alone_goes_on_with_the_runs_own_settings_for_more_rounds(tmp_path,
+                                                                         fmnist_available):
+    """A finished run of 1 round, then `resume=DIR rounds=2` alone: the run's own overrides,
+    one more round, and a summary that keeps the parts' times apart; another setting is
+    refused in one line naming it."""
+    run_dir = tmp_path / "run"
+    first = subprocess.run([driftfl_bin(), "run", *QUICK, "rounds=1", f"hydra.run.dir={run_dir}"],
+                           cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    out = subprocess.run([driftfl_bin(), "run", f"resume={run_dir}", "rounds=2"], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert f"driftfl: resuming {run_dir} after round 1 of 2" in out.stdout
+    assert "driftfl: round 2 in " in out.stdout and "(round 1: " in out.stdout
+    rows = assert_learned(run_dir)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["resumed_after_round"] == 1 and summary["rounds"] == 2
+    assert summary["seconds_before_resume"] > 0 and summary["startup_seconds"] > 0
+    assert rows[1]["num_examples"] == rows[2]["num_examples"] == 4000  # QUICK's subset again
+    refused = subprocess.run([driftfl_bin(), "run", f"resume={run_dir}", "rounds=3", "lr=0.1"],
+                             cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert refused.returncode == 2 and refused.stderr.startswith(
+        f"driftfl: error: cannot resume {run_dir}: its experiment differs in lr (0.05 there, "
+        "0.1 here); a resumed run keeps the settings it ran with")
 
 
 @pytest.mark.timeout(1800)  # every method in one sweep: about 3.5 min on 2 cores, 3 at a time

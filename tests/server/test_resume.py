@@ -100,11 +100,29 @@ def test_a_different_experiment_or_a_finished_run_is_refused_with_one_line(
         run_experiment(StoppingGrid(nodes(100), stop=2), experiment("fedavg"), tmp_path, 1)
     other = experiment("fedavg", "lr=0.01", "round_timeout=60")
     with pytest.raises(ConfigError, match=r"cannot resume .*: its experiment differs in "
-                                          r"lr \(0.05 there, 0.01 here\); resume with the "
-                                          r"overrides it ran with"):
+                                          r"lr \(0.05 there, 0.01 here\); a resumed run keeps "
+                                          r"the settings it ran with \(its config.yaml\) but "
+                                          r"for rounds and min_clients, node_wait, "):
         checkpoint.check(tmp_path, other)  # round_timeout may differ: how, not what
     with pytest.raises(ConfigError, match="it has no checkpoint.pt"):
         checkpoint.check(tmp_path / "nothing", other)
-    with pytest.raises(ConfigError, match=r"rounds \(3 there, 1 here\)"):
+    with pytest.raises(ConfigError, match=r"all 1 rounds are done; more with rounds=<more "
+                                          r"than 1>$"):
         checkpoint.check(tmp_path, experiment("fedavg", "rounds=1"))
     assert checkpoint.check(tmp_path, experiment("fedavg", "round_timeout=60"))["round"] == 1
+
+
+def test_a_finished_run_given_more_rounds_ends_as_the_longer_run(tmp_path, fmnist_available,
+                                                                  server_task):
+    """rounds is the one setting of what a run computes that a resume may change: no server
+    state depends on how many rounds are to come."""
+    longer, extended = tmp_path / "longer", tmp_path / "extended"
+    run_experiment(InProcessGrid(nodes(100)), experiment("fedavgm"), longer, run_id=1)
+    run_experiment(InProcessGrid(nodes(100)), experiment("fedavgm", "rounds=2"), extended, 2)
+    assert json.loads((extended / "summary.json").read_text())["status"] == "completed"
+    run_experiment(InProcessGrid(nodes(200)), experiment("fedavgm"), extended, run_id=3,
+                   resume=True)
+    final, resumed = (torch.load(d / "model.pt", weights_only=True) for d in (longer, extended))
+    assert all(torch.equal(final[k], resumed[k]) for k in final)
+    assert rows_without_timing(extended) == rows_without_timing(longer)
+    assert json.loads((extended / "summary.json").read_text())["rounds"] == 3

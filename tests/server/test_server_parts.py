@@ -235,3 +235,63 @@ def test_accuracy_png_says_what_protected_the_run(tmp_path):
     plot_accuracy(rows, tmp_path / "accuracy.png", f"fedavg on fmnist\n{note}")
     with Image.open(tmp_path / "accuracy.png") as png:
         assert png.text["Title"] == f"fedavg on fmnist\n{note}"
+
+
+def test_the_recorder_times_the_rounds_apart_from_the_start_up_and_earlier_parts(tmp_path,
+                                                                                monkeypatch):
+    """Round 1 is timed as every later round: the start-up (the SuperLink, Ray, the clients'
+    first message) is a figure of its own; a resumed run's summary keeps its earlier parts'
+    rounds apart, and its checkpoint carries them all on."""
+    now = [100.0]
+    monkeypatch.setattr(time, "time", lambda: now[0])
+    recorder = RunRecorder(tmp_path / "run", compose(["rounds=2"]), run_id=1)
+    now[0] = 130.0
+    recorder.begin_rounds(startup_seconds=30.0)
+    now[0] = 137.5
+    assert recorder.timing() == {"seconds": 7.5, "startup_seconds": 30.0}
+    assert recorder.total_seconds() == 7.5
+    now[0] = 200.0
+    resumed = RunRecorder(tmp_path / "run", compose(["rounds=3"]), run_id=2, resumed={
+        "rows": [], "recorded": {}, "seconds": 7.5, "round": 2})
+    now[0] = 220.0
+    resumed.begin_rounds(startup_seconds=20.0)
+    now[0] = 224.0
+    assert resumed.timing() == {"seconds": 4.0, "startup_seconds": 20.0,
+                                "seconds_before_resume": 7.5}
+    assert resumed.total_seconds() == 11.5
+
+
+def test_the_summary_line_says_the_start_up_and_a_resumed_runs_parts_apart():
+    summary = {"rounds": 5, "seconds": 12.0, "startup_seconds": 40.1, "final_accuracy": 0.5,
+               "best_accuracy": 0.5, "best_round": 5}
+    first = console.summary_line(summary, "/runs/x").splitlines()[0]
+    assert first.startswith("driftfl: 5 rounds in 12.0 s after a 40.1 s start-up; final test")
+    resumed = {**summary, "seconds_before_resume": 75.0, "resumed_after_round": 3}
+    assert console.summary_line(resumed, "/runs/x").startswith(
+        "driftfl: rounds 4-5 in 12.0 s after a 40.1 s start-up (rounds 1-3: 1 min 15 s before "
+        "the resume); final test")
+    last = {**resumed, "resumed_after_round": 4}
+    assert console.summary_line(last, "/runs/x").startswith(
+        "driftfl: round 5 in 12.0 s after a 40.1 s start-up (rounds 1-4: ")
+
+
+def test_before_round_1_a_simulation_warms_up_as_many_clients_as_run_at_once(monkeypatch,
+                                                                              server_task):
+    """One data-summary query each, so that Ray's workers start and load their data in the
+    start-up, not in round 1's training."""
+    from driftfl.common.protocol import DATA_SUMMARY
+    from driftfl.server import simulated
+
+    class Grid:
+        def send_and_receive(self, messages, timeout=None):
+            self.sent = list(messages)
+            return []
+
+    monkeypatch.setattr(simulated.os, "cpu_count", lambda: 4)
+    clients = [{"node_id": 10 + i, "partition_id": i} for i in range(6)]
+    for cpus, warmed in ((1, [10, 11, 12, 13]), (2, [10, 11]), (8, [10])):
+        grid = Grid()
+        simulated.warm_up(grid, clients, ConfigRecord({"experiment": "{}"}),
+                          compose([f"simulation.client_cpus={cpus}"]))
+        assert [m.metadata.dst_node_id for m in grid.sent] == warmed
+        assert {m.metadata.message_type for m in grid.sent} == {f"query.{DATA_SUMMARY}"}

@@ -366,8 +366,12 @@ def test_the_strategy_takes_its_release_from_the_config(fmnist_available):
     (["privacy=names"], "privacy"),
     (["privacy=distributed", "privacy.min_survivors=12"], "set privacy.min_survivors at most 10"),
     (["privacy=distributed", "privacy.min_survivors=0"], "must be a count >= 1 or a share"),
-    (["privacy=central", "privacy.min_survivors=3"], "unknown setting privacy.min_survivors"),
-    (["privacy=distributed", "privacy.adaptive_clip=true"], "unknown setting privacy.adaptive"),
+    (["privacy=central", "privacy.min_survivors=3"],
+     "privacy.min_survivors is not a setting of privacy=central; privacy options that have it: "
+     "distributed"),
+    (["privacy=distributed", "privacy.adaptive_clip=true"],
+     "privacy.adaptive_clip is not a setting of privacy=distributed; privacy options that have "
+     "it: central"),
     (["privacy=central", "privacy.target_quantile=0.7"], "add privacy.adaptive_clip=true"),
     (["privacy=central", "privacy.adaptive_clip=true"], "set privacy.count_noise=1 or more"),
 ])

@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from conftest import driftfl_bin
+from conftest import REPO, driftfl_bin
 
 pytestmark = pytest.mark.slow  # the command line, each case a real `driftfl` process
 
@@ -66,6 +66,9 @@ def test_unknown_keys_and_bad_sweeps_are_refused_before_anything_is_written(args
     assert not (tmp_path / "run").exists() and not (tmp_path / "sweep").exists()
 
 
+# where driftfl looked for a model's yaml: a user's own may be in another checkout
+MODEL_SEARCHED = (f" (searched {REPO}/conf/model/*.yaml, of the driftfl in use, {REPO}/driftfl; a "
+                  "model of your own: docs/adding-a-model.md)")
 DATA = ["dataset.subset=600", "dataset.test_subset=200"]  # where a regression would load data
 GRAMMAR = "(https://hydra.cc/docs/advanced/override_grammar/basic)"
 
@@ -73,7 +76,8 @@ GRAMMAR = "(https://hydra.cc/docs/advanced/override_grammar/basic)"
 @pytest.mark.parametrize("args, message", [
     # --cfg and --help run nothing, but check the overrides as a run does
     (["--cfg", "job", "roundz=3"], "unknown setting roundz; did you mean rounds?"),
-    (["--cfg", "all", "model=vgg"], "unknown model 'vgg'; valid: cnn, lenet5, mlp, resnet18"),
+    (["--cfg", "all", "model=vgg"], f"unknown model 'vgg'; valid: cnn, lenet5, mlp, resnet18"
+                                    f"{MODEL_SEARCHED}"),
     (["--cfg", "hydra", "hydra.run.dirr=x"],
      "unknown setting hydra.run.dirr; did you mean hydra.run.dir?"),
     (["--info", "config", "roundz=3"], "unknown setting roundz; did you mean rounds?"),
@@ -120,10 +124,11 @@ def files_under(folder):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["model=vgg"], "driftfl: error: unknown model 'vgg'; valid: cnn, lenet5, mlp, resnet18"),
+    (["model=vgg"],
+     f"driftfl: error: unknown model 'vgg'; valid: cnn, lenet5, mlp, resnet18{MODEL_SEARCHED}"),
     # a sweep is checked for every swept option before any job runs
     (["-m", "model=cnn,vgg"],
-     "driftfl: error: unknown model 'vgg'; valid: cnn, lenet5, mlp, resnet18"),
+     f"driftfl: error: unknown model 'vgg'; valid: cnn, lenet5, mlp, resnet18{MODEL_SEARCHED}"),
 ])
 def test_unknown_option_of_a_config_group_is_one_line(args, message, tmp_path):
     out = driftfl("run", *args, "hydra.run.dir=run", "hydra.sweep.dir=sweep", cwd=tmp_path)
@@ -234,7 +239,7 @@ def test_an_accepted_run_gets_the_files_hydra_would_have_written(tmp_path):
     from omegaconf import OmegaConf
 
     from driftfl.cli import NO_HYDRA_FILES, _save_hydra_files
-    from driftfl.common.config import conf_dir
+    from driftfl.common.composing import conf_dir
 
     with initialize_config_dir(str(conf_dir()), version_base="1.3"):
         cfg = compose("config", overrides=["rounds=2", NO_HYDRA_FILES], return_hydra_config=True)

@@ -36,7 +36,8 @@ DRIFTFL = [
     "round   1/2  test acc  37.40%  loss 1.9077  |  train 15.0 s  eval 0.5 s\n",
     "\x1b[93mWARNING \x1b[0m:   round reply from partition 2 (node 7) lost: the node sent "
     "nothing back\n",
-    "driftfl: 2 rounds in 20.9 s; final test accuracy 53.20% (best 53.20% at round 2)\n",
+    "driftfl: 2 rounds in 20.9 s after a 41.0 s start-up; final test accuracy 53.20% (best "
+    "53.20% at round 2)\n",
 ]
 
 
@@ -53,7 +54,8 @@ def test_following_stops_after_the_results_line_and_reads_no_further():
     stops reading there (and stops the SuperLink), and takes nothing after it."""
     from driftfl.server.console import RESULTS, summary_line
 
-    closing = summary_line({"rounds": 2, "seconds": 20.9, "final_accuracy": 0.532,
+    closing = summary_line({"rounds": 2, "seconds": 20.9, "startup_seconds": 41.0,
+                            "final_accuracy": 0.532,
                             "best_accuracy": 0.532, "best_round": 2}, "/runs/x").split("\n")
     assert closing[1].startswith(RESULTS)
     lines = iter(DRIFTFL[:2] + [line + "\n" for line in closing] + FLOWER)

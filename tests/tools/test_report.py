@@ -12,14 +12,15 @@ from driftfl.report import main as report
 
 
 def write_run(folder, label, accuracies, completed=True, **config):
-    """A run directory; round 1 takes 9 s (start-up included), every other round 2 s."""
+    """A run directory; round 1 takes 9 s, every other round 2 s, its start-up 30 s."""
     folder.mkdir(parents=True)
     (folder / "config.yaml").write_text(yaml.safe_dump({"label": label, "seed": 0, **config}))
     rounds = [{"round": i, "test_accuracy": a, "seconds": 9.0 if i == 1 else 2.0, "clients": 2,
                "bytes_sent": 2 * 2**20, "bytes_received": 2**20} for i, a in enumerate(accuracies)]
     (folder / "metrics.json").write_text(json.dumps({"rounds": rounds}))
     if completed:
-        (folder / "summary.json").write_text(json.dumps({"status": "completed"}))
+        (folder / "summary.json").write_text(json.dumps({"status": "completed",
+                                                         "startup_seconds": 30.0}))
 
 
 def refused(capsys, argv) -> str:
@@ -40,11 +41,11 @@ def test_report_groups_runs_and_races_to_the_target(tmp_path, capsys):
     write_run(tmp_path / "c0", "broken", [0.1], completed=False)
     report([str(tmp_path), "--target", "fedavg"])
     out = capsys.readouterr().out
-    assert ("| s / round from round 2 | s in round 1 (incl. start-up) | MB / client / round "
+    assert ("| s / round from round 2 | s of start-up | MB / client / round "
             "(down, up) |") in out
-    assert ("| fedavg | 2 | 2 | 70.00 ± 14.14 | 70.00 ± 14.14 | 2.0 (1 of 2) | 2.0 | 9.0 | "
+    assert ("| fedavg | 2 | 2 | 70.00 ± 14.14 | 70.00 ± 14.14 | 2.0 (1 of 2) | 2.0 | 30.0 | "
             "1.00, 0.50 |") in out
-    assert ("| fedcsd | 2 | 2 | 82.50 ± 10.61 | 82.50 ± 10.61 | 1.5 | 2.0 | 9.0 | "
+    assert ("| fedcsd | 2 | 2 | 82.50 ± 10.61 | 82.50 ± 10.61 | 1.5 | 2.0 | 30.0 | "
             "1.00, 0.50 |") in out
     assert "rounds to fedavg's final acc" in out and "1 run(s) did not complete" in out
     assert "differ" not in out  # runs that differ only in the seed share a row
@@ -55,7 +56,7 @@ def test_report_groups_runs_and_races_to_the_target(tmp_path, capsys):
 def test_a_single_run_has_no_spread(tmp_path, capsys):
     write_run(tmp_path / "a", "fedavg", [0.1, 0.5, 0.6])
     report([str(tmp_path)])
-    assert "| fedavg | 1 | 2 | 60.00 ± - | 60.00 ± - | - | 2.0 | 9.0 |" in capsys.readouterr().out
+    assert "| fedavg | 1 | 2 | 60.00 ± - | 60.00 ± - | - | 2.0 | 30.0 |" in capsys.readouterr().out
 
 
 def test_runs_of_other_experiments_under_one_label_get_their_own_rows(tmp_path, capsys):
@@ -226,6 +227,7 @@ def test_a_round_with_missing_fields_does_not_stop_the_report(tmp_path, capsys):
     for row in metrics["rounds"]:
         del row["clients"], row["seconds"]  # written by another version, or edited
     (tmp_path / "a" / "metrics.json").write_text(json.dumps(metrics))
+    (tmp_path / "a" / "summary.json").write_text('{"status": "completed"}')  # no start-up
     report([str(tmp_path)])
     assert "| fedavg | 1 | 2 | 60.00 ± - | 60.00 ± - | - | - | - | - |" in capsys.readouterr().out
 
