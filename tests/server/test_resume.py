@@ -102,7 +102,7 @@ def test_a_different_experiment_or_a_finished_run_is_refused_with_one_line(
     with pytest.raises(ConfigError, match=r"cannot resume .*: its experiment differs in "
                                           r"lr \(0.05 there, 0.01 here\); a resumed run keeps "
                                           r"the settings it ran with \(its config.yaml\) but "
-                                          r"for rounds and min_clients, node_wait, "):
+                                          r"for rounds and max_rounds_without_reply, min_clients, "):
         checkpoint.check(tmp_path, other)  # round_timeout may differ: how, not what
     with pytest.raises(ConfigError, match="it has no checkpoint.pt"):
         checkpoint.check(tmp_path / "nothing", other)
