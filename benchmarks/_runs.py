@@ -36,7 +36,7 @@ def in_process_federation(overrides: list[str]):
     """The experiment's strategy and a grid whose Fashion-MNIST nodes are ClientApp calls in
     this process (no Flower transport, no Ray), the clients already met: (cfg, initial model,
     strategy, grid, the config record every message carries)."""
-    sys.path.insert(0, str(REPO / "tests"))
+    sys.path[:0] = [str(REPO / "tests"), str(REPO / "tests" / "strategies")]
     from flwr.app import ConfigRecord
     from flwr.supercore.task_identity import TaskIdentity
     from test_methods import InProcessGrid, fmnist_nodes

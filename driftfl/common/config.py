@@ -98,6 +98,16 @@ class ExperimentConfig(Settings):
     # the example counts the data survey found (nodes claim their counts there; simulation's
     # are the server's own and never capped), so no client outweighs the rest by claiming
     max_examples_ratio: float = Field(10.0, ge=1)
+    # whose replies are trusted to follow the method: ``clients`` (each paper's own formula,
+    # the screens above only), ``none`` (each client's influence on the model and every state
+    # bounded: strategies/parts/bounded.py), ``auto``: clients in simulation, none in deployment
+    trust: Literal["auto", "clients", "none"] = "auto"
+    # trust=none: each client's update and payload is moved to within this many times the
+    # round's lower median distance of the clients' coordinate-wise median
+    clip_ratio: float = Field(2.0, ge=1)
+    # a client whose replies are rejected this many rounds in a row is excluded from the rest
+    # of the run (named once, in summary.json's ``excluded``); 0: never
+    exclude_after: int = Field(3, ge=0, le=MANY)
     node_wait: float = Field(600.0, gt=0, le=MONTH)
     # deployment: a round goes on while at least min_clients are connected, after waiting up to
     # rejoin_wait seconds (once per loss) for a lost client to come back

@@ -28,6 +28,7 @@ from driftfl.common.protocol import (DATASET_META, EXPERIMENT, load_arrays, load
 from driftfl.methods import build_strategy
 from driftfl.strategies import DriftStrategy
 from driftfl.strategies.parts.aggregation import to_numpy, to_record
+from driftfl.strategies.parts.bounded import trust_line
 
 from . import checkpoint, console
 from .client_eval import client_figures, client_rows, spread_columns
@@ -117,6 +118,8 @@ def run_experiment(grid: Grid, experiment: Experiment, run_dir: Path, run_id: in
     gaps = console.coverage_gaps(clients, classes)
     if warning := console.coverage_warning(gaps, classes, cfg.partition.name):
         print(warning, flush=True)
+    if trust := trust_line(cfg, strategy.aggregation, federation.claims_counts):
+        print(trust, flush=True)
     if plan := strategy.release.plan(cfg.rounds):
         print(plan, flush=True)
     if swamped := strategy.release.swamped(sum(  # the float coordinates DP noises
@@ -177,7 +180,7 @@ def run_experiment(grid: Grid, experiment: Experiment, run_dir: Path, run_id: in
                "rounds_without_usable_reply": sum(not learned(r) for r in rows[1:]),
                "final_accuracy": rows[-1]["test_accuracy"], "final_loss": rows[-1]["test_loss"],
                "best_accuracy": best["test_accuracy"], "best_round": best["round"],
-               **recorder.timing(), **gaps,
+               **recorder.timing(), **gaps, "excluded": list(strategy.clients.excluded),
                **({"resumed_after_round": saved["round"]} if saved else {}),
                **byte_totals(rows), **privacy_summary(strategy, rows, budget)}
     note = console.protection_note(strategy.release.label, summary)

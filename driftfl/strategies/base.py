@@ -51,6 +51,7 @@ from driftfl.common.training import TrainSettings
 from driftfl.strategies.parts.aggregation import (Aggregation, ClientUpdate, apply_update,
                                                   check_reply, example_weights, mean_metrics,
                                                   norm_bound, to_numpy, to_record, update_norm)
+from driftfl.strategies.parts.bounded import bounded_for
 from driftfl.strategies.parts.clients import KnownClients
 from driftfl.strategies.parts.federated_evaluation import FederatedEvaluation
 from driftfl.strategies.parts.guard import ReplyGuard
@@ -107,15 +108,16 @@ class DriftStrategy(FedAvg):
                  aggregation: Aggregation | None = None, objective: str = "ce",
                  round_timeout: float = 3600.0, max_update_ratio: float = 10.0,
                  max_peer_ratio: float = 30.0, local_training: TrainSettings | None = None,
-                 max_examples_ratio: float = math.inf, **kwargs) -> None:
+                 max_examples_ratio: float = math.inf, exclude_after: int = 0,
+                 **kwargs) -> None:
         super().__init__(**kwargs)  # Flower's own settings (fraction_train, ...)
         self.assemble(selection, aggregation, objective, round_timeout, max_update_ratio,
-                      max_peer_ratio, local_training, max_examples_ratio)
+                      max_peer_ratio, local_training, max_examples_ratio, exclude_after)
 
     def assemble(self, selection: Selection | None, aggregation: Aggregation | None,
                  objective: str, round_timeout: float, max_update_ratio: float,
                  max_peer_ratio: float, local_training: TrainSettings | None,
-                 max_examples_ratio: float) -> None:
+                 max_examples_ratio: float, exclude_after: int = 0) -> None:
         """Take the parts, and start with no state."""
         self.selection = selection or Selection()
         self.aggregation = aggregation or Aggregation()
@@ -143,7 +145,8 @@ class DriftStrategy(FedAvg):
         self.clients = KnownClients()  # what the data survey found
         self.guard = ReplyGuard(max_peer_ratio=max_peer_ratio,
                                 max_update_ratio=max_update_ratio,
-                                max_examples_ratio=max_examples_ratio, clients=self.clients)
+                                max_examples_ratio=max_examples_ratio, clients=self.clients,
+                                exclude_after=exclude_after)
         self.evaluation = FederatedEvaluation(fraction=self.fraction_evaluate,
                                               min_nodes=self.min_evaluate_nodes,
                                               clients=self.clients,
@@ -176,6 +179,7 @@ class DriftStrategy(FedAvg):
                        local_training=TrainSettings.local_stage(cfg),
                        max_examples_ratio=(cfg.max_examples_ratio if claims_counts
                                            else math.inf),
+                       exclude_after=cfg.exclude_after,
                        fraction_train=cfg.fraction, fraction_evaluate=cfg.fraction_evaluate,
                        min_train_nodes=1, min_evaluate_nodes=0,
                        min_available_nodes=cfg.num_clients,
@@ -183,6 +187,7 @@ class DriftStrategy(FedAvg):
                                        experiment=cfg))
         finally:
             flwr_logger.setLevel(level)
+        strategy.aggregation = bounded_for(cfg, strategy.aggregation, claims_counts)
         strategy.plan = RoundPlan.from_config(cfg)
         strategy.release = build_release(cfg)
         # (after: whether a method sends its payload may depend on the release, FedCurv's does)
@@ -330,6 +335,7 @@ class DriftStrategy(FedAvg):
                     report, updates, "update",
                     lambda u: update_norm(u.arrays, self.global_arrays)))
         self.guard.log_starved(report)
+        self.guard.count_offences(report, answered)
         updates = self.guard.capped(updates)
         report.clients = len(updates)
         self.last_updates = updates

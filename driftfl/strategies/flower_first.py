@@ -18,7 +18,8 @@ class FlowerFirst:
                  aggregation: Aggregation | None = None, objective: str = "ce",
                  round_timeout: float = 3600.0, max_update_ratio: float = 10.0,
                  max_peer_ratio: float = 30.0, local_training: TrainSettings | None = None,
-                 max_examples_ratio: float = math.inf, **kwargs) -> None:
+                 max_examples_ratio: float = math.inf, exclude_after: int = 0,
+                 **kwargs) -> None:
         super().__init__(**kwargs)
         self.assemble(selection, aggregation, objective, round_timeout, max_update_ratio,
-                      max_peer_ratio, local_training, max_examples_ratio)
+                      max_peer_ratio, local_training, max_examples_ratio, exclude_after)

@@ -36,7 +36,7 @@ from driftfl.common.protocol import (CONFIG, CSD_PROTOTYPES, PROTOTYPES, PROTOTY
 from driftfl.strategies.parts.aggregation import to_record
 from driftfl.strategies.base import StrategySettings
 from driftfl.strategies.methods.prototypes import (combined, common_rows, noise_floor, outliers,
-                                                   summed, survey_problem)
+                                                   prototype_scale, summed, survey_problem)
 from driftfl.strategies.methods.teacher import EMATeacher
 
 
@@ -171,7 +171,8 @@ class FedCSD(EMATeacher):
             present = np.any([counts > 0 for _, counts in usable], axis=0) if usable \
                 else np.zeros(self.num_classes, dtype=bool)
         rows = common_rows(new, present, self.prototypes, self.present)
-        problem = rows and self.guard.state_problem(*rows)
+        problem = rows and self.guard.state_problem(
+            *rows, scale=prototype_scale(usable, self.prototypes, self.present))
         if problem:
             self.guard.refuse_state(self.report, server_round, "FedCSD's prototypes", problem)
         else:

@@ -36,7 +36,7 @@ from flwr.app import Array, ArrayRecord
 from driftfl.common.protocol import FISHER, FISHER_DELTA, FISHER_PENALTY, INCLUDED_ROUND
 
 from driftfl.strategies.parts import guard
-from driftfl.strategies.parts.aggregation import model_norm
+from driftfl.strategies.parts.aggregation import model_norm, update_norm
 from driftfl.strategies.base import DriftStrategy
 
 # A squared gradient component above this is no Fisher a sane model produces: corrupt or hostile.
@@ -175,21 +175,28 @@ class FedCurv(DriftStrategy):
             return arrays, metrics
         # the accepted replies' terms, kept only if the sums they make are sane
         fisher, weighted = dict(self.fisher), dict(self.weighted)
-        for update in self.last_updates:
-            fisher[update.node_id] = self.checked[update.node_id]
-            weighted[update.node_id] = {k: fisher[update.node_id][k] * update.arrays[k]
-                                        for k in self.param_keys}
+        # each node's terms, bounded as the aggregation bounds a client's part (trust=none)
+        terms = self.aggregation.bound([self.checked[u.node_id] for u in self.last_updates])
+        for update, term in zip(self.last_updates, terms):
+            fisher[update.node_id] = term
+            weighted[update.node_id] = {k: term[k] * update.arrays[k] for k in self.param_keys}
         problem = None
         if self.fisher:
             flat = lambda totals: {f"{part}.{k}": pair[i] for k, pair in totals.items()
                                    for i, part in enumerate(("penalty", "anchor"))}
+            # a node's new terms replace its last ones: the sums move by the round's changes
+            own = lambda f, g, n: flat({k: (f[n][k], g[n][k]) for k in self.param_keys})
+            changes = [update_norm(own(fisher, weighted, n), own(self.fisher, self.weighted, n))
+                       if n in self.fisher else model_norm(own(fisher, weighted, n))
+                       for n in (u.node_id for u in self.last_updates)]
             problem = self.guard.state_problem(flat(sums(fisher, weighted, self.param_keys)),
-                                         flat(sums(self.fisher, self.weighted, self.param_keys)))
+                                         flat(sums(self.fisher, self.weighted, self.param_keys)),
+                                         scale=guard.move_scale(changes, len(changes)))
         if problem:
             self.guard.refuse_state(self.report, server_round, "FedCurv's Fisher sums", problem)
         else:
             self.fisher, self.weighted = fisher, weighted
-            self.norms.update({u.node_id: model_norm(self.checked[u.node_id])
+            self.norms.update({u.node_id: model_norm(fisher[u.node_id])
                                for u in self.last_updates})
         return arrays, metrics
 

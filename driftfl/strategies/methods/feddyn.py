@@ -23,7 +23,8 @@ from logging import WARNING
 import numpy as np
 from flwr.supercore import log
 
-from driftfl.strategies.parts.aggregation import to_record
+from driftfl.strategies.parts.aggregation import to_record, update_norm
+from driftfl.strategies.parts.guard import move_scale
 from driftfl.strategies.base import DriftStrategy
 
 Arrays = dict[str, np.ndarray]
@@ -81,7 +82,9 @@ class FedDyn(DriftStrategy):
         else:
             h = next_h(old, [u.arrays for u in self.last_updates], self.global_arrays,
                        self.alpha, self.num_clients)
-        problem = self.guard.state_problem(h, old)
+        problem = self.guard.state_problem(h, old, scale=move_scale(
+            [update_norm(u.arrays, self.global_arrays) for u in self.last_updates],
+            self.alpha * len(self.last_updates) / self.num_clients))
         if problem:  # the corrected model would carry it
             self.guard.refuse_state(self.report, server_round, "FedDyn's h", problem)
             return None, None

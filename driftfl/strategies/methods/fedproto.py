@@ -35,7 +35,7 @@ from driftfl.strategies.parts.aggregation import ClientUpdate
 from driftfl.strategies.base import DriftStrategy, StrategySettings
 from driftfl.strategies.methods.fedcsd import check_prototypes
 from driftfl.strategies.methods.prototypes import (combined, common_rows, noise_floor, outliers,
-                                                   summed, survey_problem)
+                                                   prototype_scale, summed, survey_problem)
 
 
 def check_feature_prototypes(msg: Message, num_classes: int, dim: int,
@@ -136,16 +136,19 @@ class FedProto(DriftStrategy):
         arrays, metrics = super().aggregate_train(server_round, replies)
         if arrays is None:
             return arrays, metrics
+        scale = None  # the honest scale of the move (a release's sum: its noise floor)
         if self.payload_sum is not None:  # the release's sum alone
             new = summed(self, self.num_classes)
         else:  # every accepted reply passed prototypes_of in reject
             replies = [self.prototypes_of(u) for u in self.last_updates]
+            scale = prototype_scale(replies, self.prototypes, self.present)
             new = (combined(self.aggregation, replies, self.num_classes, self.feature_dim,
                             by_counts=self.by_counts) if self.aggregation.robust else
                    weighted_prototypes(replies, self.num_classes, self.feature_dim,
                                        self.by_counts))
         rows = common_rows(*new, self.prototypes, self.present)
-        problem = rows and self.guard.state_problem(*rows, floor=noise_floor(self, rows[1]))
+        problem = rows and self.guard.state_problem(*rows, floor=noise_floor(self, rows[1]),
+                                                    scale=scale)
         if problem:
             self.guard.refuse_state(self.report, server_round, "FedProto's prototypes", problem)
         else:

@@ -91,6 +91,22 @@ def common_rows(new: np.ndarray, new_present: np.ndarray, old: np.ndarray | None
     return {"prototypes": new[both]}, {"prototypes": old[both]}
 
 
+def prototype_scale(replies: Replies, old: np.ndarray | None,
+                    old_present: np.ndarray) -> float | None:
+    """The honest scale of P_G's move on the classes it already holds (``guard.move_scale``):
+    per class, the lower median over its holders of ||P_k,c - P_G,c||, over the classes in
+    quadrature (None: no such class this round)."""
+    if old is None:
+        return None
+    medians = []
+    for c in np.flatnonzero(old_present):
+        moves = [float(np.linalg.norm(p[c].astype(np.float64) - old[c])) for p, counts in replies
+                 if counts[c] > 0]
+        if moves:
+            medians.append(guard.lower_median(moves))
+    return float(np.sqrt(np.sum(np.square(medians)))) if medians else None
+
+
 def holders(histograms: dict[int, np.ndarray], nodes, num_classes: int) -> np.ndarray:
     """h_c: how many of ``nodes`` hold class c, by their surveyed label histograms."""
     count = np.zeros(num_classes)

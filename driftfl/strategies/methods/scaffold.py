@@ -35,6 +35,7 @@ from driftfl.common.protocol import CONTROL, CONTROL_DELTA, LOCAL_STEPS
 from driftfl.common.sgd import nova_normaliser
 
 from driftfl.strategies.parts.aggregation import ClientUpdate, model_norm, to_record
+from driftfl.strategies.parts.guard import move_scale
 from driftfl.strategies.base import DriftStrategy
 
 # ||Delta c_reply - Delta c_server|| may be at most this times ||c|| + ||(w_G - w_k)/(a_k lr)||.
@@ -165,7 +166,8 @@ class Scaffold(DriftStrategy):
             else:
                 control = update_control(self.control, deltas, self.num_clients)
             problem = self.guard.state_problem(control, self.control, self.payload_floor(
-                self.num_clients))
+                self.num_clients), scale=move_scale([model_norm(d) for d in deltas],
+                                                    len(deltas) / self.num_clients))
             if problem:
                 self.guard.refuse_state(self.report, server_round, "SCAFFOLD's c", problem)
             else:

@@ -245,6 +245,12 @@ class Aggregation:
         keeps none of them."""
         return weighted_mean(payloads, weights)
 
+    def bound(self, payloads: list[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:
+        """The round's payloads that a method keeps per client rather than combines
+        (FedCurv's Fisher terms), each bounded as this rule bounds a client's part: as sent
+        here (bounded.py bounds them where clients are not trusted)."""
+        return payloads
+
 
 def weighted_mean(payloads: list[dict[str, np.ndarray]],
                   weights: np.ndarray) -> dict[str, np.ndarray]:

@@ -18,6 +18,9 @@ class KnownClients:
         self.node_rank: dict[int, int] = {}  # node id -> partition id (data survey)
         self.surveyed: dict[int, int] | None = None  # node id -> num_examples (data survey)
         self.histograms: dict[int, np.ndarray] = {}  # node id -> label histogram (data survey)
+        # clients excluded for repeated rejected replies (ReplyGuard.count_offences), by name:
+        # a name stays with its partition when a node comes back under a new id
+        self.excluded: list[str] = []
 
     def meet(self, clients: list[dict]) -> None:
         """What the data survey found, before the first round: each client's node_id,
@@ -29,8 +32,17 @@ class KnownClients:
                            if "label_histogram" in c}
 
     def usable(self, node: int) -> bool:
-        """Whether the data survey accepted this node (every node before a survey)."""
-        return self.surveyed is None or node in self.surveyed
+        """Whether the data survey accepted this node (every node before a survey) and it was
+        not excluded since."""
+        return ((self.surveyed is None or node in self.surveyed)
+                and self.name(node) not in self.excluded)
+
+    def exclude(self, node: int) -> bool:
+        """Exclude this node's client from the rest of the run (False: it already was)."""
+        if self.name(node) in self.excluded:
+            return False
+        self.excluded.append(self.name(node))
+        return True
 
     def nodes(self) -> list[int]:
         """Every node the survey accepted, in rank order."""

@@ -51,18 +51,32 @@ def peer_outliers(norms: Sequence[float], ratio: float) -> tuple[list[int], floa
 
 
 def state_problem(new: Mapping[str, np.ndarray], old: Mapping[str, np.ndarray] | None,
-                  ratio: float, floor: float = 0.0) -> str | None:
+                  ratio: float, floor: float = 0.0, scale: float | None = None) -> str | None:
     """Why ``new`` must not replace ``old`` (None: it may): a value not finite, or a move of more
-    than ``ratio`` x max(1, ||old||) (from zero when there is no old state yet), or than
-    ``floor`` where that is larger (what differential privacy's noise may add)."""
+    than ``ratio`` x ``scale`` (the honest scale of one round's move: the lower median of what
+    the round's clients each contribute to it, so that a state starting at zero moves as far as
+    its clients do, not by ``ratio`` at once), or without a scale ``ratio`` x max(1, ||old||)
+    (from zero when there is no old state yet); or than ``floor`` where that is larger (what
+    differential privacy's noise may add)."""
     for key, value in new.items():
         if value.dtype.kind == "f" and not np.isfinite(value).all():
             return f"'{key}' would hold NaN or infinite values"
     base = old if old is not None else {k: np.zeros_like(v) for k, v in new.items()}
-    moved, bound = update_norm(new, base), max(ratio * max(1.0, model_norm(base)), floor)
+    reference = scale if scale is not None else max(1.0, model_norm(base))
+    moved, bound = update_norm(new, base), max(ratio * reference, floor)
     if not moved <= bound:
-        return f"it would move by {moved:.3g}, over the bound {bound:.3g} (max_update_ratio)"
+        what = "the round's median contribution" if scale is not None else "max(1, its norm)"
+        return (f"it would move by {moved:.3g}, over the bound {bound:.3g} (max_update_ratio x "
+                f"{what})")
     return None
+
+
+def move_scale(moves: Sequence[float], weight: float = 1.0) -> float | None:
+    """The honest scale of a state's move in a round: ``weight`` (the share of the clients the
+    method's formula counts, |S| / K, or their number for a sum) x the lower median of what each
+    client would move it by alone (None: no client contributed)."""
+    median = lower_median(moves)
+    return None if math.isnan(median) else weight * median
 
 
 class ReplyGuard:
@@ -70,11 +84,15 @@ class ReplyGuard:
     with the bounds the experiment sets and the ``clients`` whose replies it names and caps."""
 
     def __init__(self, *, max_peer_ratio: float, max_update_ratio: float,
-                 max_examples_ratio: float, clients: KnownClients) -> None:
+                 max_examples_ratio: float, clients: KnownClients,
+                 exclude_after: int = 0) -> None:
         self.max_peer_ratio = max_peer_ratio
         self.max_update_ratio = max_update_ratio
         self.max_examples_ratio = max_examples_ratio
         self.clients = clients
+        # a client rejected this many rounds in a row is excluded for the rest of the run
+        self.exclude_after = exclude_after
+        self.strikes: dict[str, int] = {}  # client name -> rounds in a row it was rejected
 
     def refuse_reply(self, report, node: int, reason: str) -> None:
         """Log and record (in the round's ``report``) that a node's reply is not used; one that
@@ -84,6 +102,7 @@ class ReplyGuard:
         if resource_of(reason):
             report.starved.append((self.clients.describe(node), reason))
         else:
+            report.offenders.append(node)
             log(WARNING, "round reply from %s rejected: %s", self.clients.describe(node), reason)
 
     @staticmethod
@@ -117,9 +136,27 @@ class ReplyGuard:
         report.refused_state.append(f"{what}: {reason}")
 
     def state_problem(self, new: dict[str, np.ndarray],
-                      old: dict[str, np.ndarray] | None, floor: float = 0.0) -> str | None:
+                      old: dict[str, np.ndarray] | None, floor: float = 0.0,
+                      scale: float | None = None) -> str | None:
         """Why a new strategy state must not replace ``old`` (guard.state_problem)."""
-        return state_problem(new, old, self.max_update_ratio, floor)
+        return state_problem(new, old, self.max_update_ratio, floor, scale)
+
+    def count_offences(self, report, answered: set[int]) -> None:
+        """After a round's replies are checked: a client whose reply was rejected (not for want
+        of a resource) has one more round in a row against it, one that replied and was used
+        none; at ``exclude_after`` it is excluded from the rest of the run, named once."""
+        if not self.exclude_after:
+            return
+        for node in answered:
+            name = self.clients.name(node)
+            if node not in report.offenders:
+                self.strikes.pop(name, None)
+                continue
+            self.strikes[name] = self.strikes.get(name, 0) + 1
+            if self.strikes[name] >= self.exclude_after and self.clients.exclude(node):
+                log(WARNING, "%s excluded from the rest of the run: its replies were rejected "
+                    "%d rounds in a row (exclude_after=%d)", self.clients.describe(node),
+                    self.strikes[name], self.exclude_after)
 
     def weight_cap(self) -> float:
         """The most examples a reply weighs as: max_examples_ratio x the median of the data

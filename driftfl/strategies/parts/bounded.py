@@ -1,0 +1,153 @@
+"""Where clients are not trusted (``trust=none``): each client's influence on the model and on
+every piece of strategy state is bounded, whatever formula the method averages with.
+
+Every vector a client contributes (its model update w_k - w_G; a payload that feeds state:
+SCAFFOLD's Delta c_k, FedDyn's move, a class's prototype, FedCurv's Fisher term) is first moved
+to within tau of a robust centre m, the coordinate-wise median of the round's vectors:
+
+    x_k' = m + (x_k - m) min(1, tau / ||x_k - m||),  tau = clip_ratio x lower median_k ||x_k - m||
+
+then the method's own formula (FedAvg's weighted mean, FedNova's, FedDisco's, the paper's mean of
+a payload) takes the x_k'. This is one step of centred clipping (Karimireddy, He & Jaggi,
+"Learning from History for Byzantine Robust Optimization", ICML 2021) started from the median.
+While most of a round's clients are honest, m lies among the honest values in every coordinate
+and tau is an honest distance (the lower median cannot be raised by one client), so one client
+moves an average by at most its weight x tau from where the honest clients would put it, however
+far it pushes; the clients within tau of the centre are used exactly as sent. With two vectors m
+is their mean and both are at the same distance: nothing is clipped (two clients cannot show
+which of them is honest).
+
+Why not the paper's formula: a mean lets one client move it without limit. Why not the median or
+trimmed mean (``aggregation=median``): under label skew the clients' updates differ by design,
+and a coordinate-wise median discards what the minority of clients holding a class learned.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import numpy as np
+
+from driftfl.strategies.parts.aggregation import Aggregation, ClientUpdate
+from driftfl.strategies.parts.guard import lower_median
+
+Vectors = list[dict[str, np.ndarray]]
+
+
+def centred_clip(vectors: Vectors, ratio: float) -> tuple[Vectors, list[float]]:
+    """(the vectors moved to within tau of their coordinate-wise median, each one's factor
+    min(1, tau / distance)); float64, floating arrays only (others are left as they are)."""
+    if len(vectors) < 3:
+        return vectors, [1.0] * len(vectors)
+    keys = [k for k, v in vectors[0].items() if v.dtype.kind == "f"]
+    centre = {k: np.median(np.stack([v[k] for v in vectors]), axis=0).astype(np.float64)
+              for k in keys}
+    distances = [math.sqrt(sum(float(np.sum(np.square(v[k].astype(np.float64) - centre[k])))
+                               for k in keys)) for v in vectors]
+    tau = ratio * lower_median(distances)
+    factors = [min(1.0, tau / d) if d > 0 else 1.0 for d in distances]
+    # a vector pointing away from the centre (an update against the round's direction) is
+    # replaced by the centre
+    against = [sum(float(np.sum(v[k].astype(np.float64) * centre[k])) for k in keys) < 0
+               for v in vectors]
+    factors = [0.0 if a else f for a, f in zip(against, factors)]
+    out = []
+    for v, f in zip(vectors, factors):
+        if f == 1.0:
+            out.append(v)
+        else:
+            out.append({**v, **{k: centre[k] + f * (v[k].astype(np.float64) - centre[k])
+                                for k in keys}})
+    return out, factors
+
+
+class BoundedAggregation(Aggregation):
+    """``inner`` (the method's own rule: the plain mean, FedNova's, FedDisco's) on the replies
+    moved to within ``clip_ratio`` x the round's lower median distance of their median."""
+
+    robust = True  # payloads are combined here too, each client's bounded alike
+    individual = "bounding each client's influence needs every client's individual update"
+    name = "bounded"
+
+    def __init__(self, inner: Aggregation, clip_ratio: float) -> None:
+        self.inner = inner
+        self.clip_ratio = clip_ratio
+        self.clipped: dict[int, float] = {}  # node -> factor, of the last aggregate's replies
+
+    def meet(self, clients):
+        self.inner.meet(clients)
+
+    def reject(self, update):
+        return self.inner.reject(update)
+
+    def refuse(self, updates):
+        return self.inner.refuse(updates)
+
+    def weights(self, updates):
+        return self.inner.weights(updates)
+
+    def aggregate(self, updates: list[ClientUpdate], global_arrays):
+        moves = [{k: u.arrays[k].astype(np.float64) - global_arrays[k] for k in global_arrays
+                  if global_arrays[k].dtype.kind == "f"} for u in updates]
+        bounded, factors = centred_clip(moves, self.clip_ratio)
+        self.clipped = {u.node_id: f for u, f in zip(updates, factors) if f < 1.0}
+        kept = [u if f == 1.0 else replace(u, arrays={
+            **u.arrays, **{k: (global_arrays[k] + m[k]).astype(u.arrays[k].dtype)
+                           for k in m}}) for u, m, f in zip(updates, bounded, factors)]
+        return self.inner.aggregate(kept, global_arrays)
+
+    def combine(self, payloads, weights, among=None):
+        return self.inner.combine(self.bound(payloads), weights, among)
+
+    def bound(self, payloads: Vectors) -> Vectors:
+        return centred_clip(payloads, self.clip_ratio)[0]
+
+
+def untrusted(cfg, deployed: bool) -> bool:
+    """Whether this experiment's clients are not trusted: trust=none, or trust=auto in
+    deployment (nodes of other owners, each running what it likes)."""
+    return cfg.trust == "none" or (cfg.trust == "auto" and deployed)
+
+
+def where_unbounded(cfg, aggregation: Aggregation) -> str:
+    """Why an untrusted experiment's aggregation is not wrapped in BoundedAggregation ("": it
+    is): privacy's clip bounds each client already (a screen against peers would let one
+    client's data decide another's part, outside the mechanism), secure aggregation shows no
+    client's own update, a robust rule was chosen."""
+    if cfg.privacy.enabled:
+        return (f"privacy={cfg.privacy.mode}: each client's influence is bounded by the clip "
+                f"({cfg.privacy.clip:g})")
+    if cfg.secagg.enabled:
+        return ("secagg=secaggplus: the server sees no client's own update; each masked "
+                "vector is bounded by secagg.clipping_range")
+    if aggregation.robust:
+        return f"aggregation={cfg.aggregation.name} bounds each client's influence"
+    return ""
+
+
+def bounded_for(cfg, aggregation: Aggregation, deployed: bool) -> Aggregation:
+    """The experiment's aggregation, bounded where its clients are not trusted and nothing
+    else bounds them (``where_unbounded``)."""
+    if untrusted(cfg, deployed) and not where_unbounded(cfg, aggregation):
+        return BoundedAggregation(aggregation, cfg.clip_ratio)
+    return aggregation
+
+
+def trust_line(cfg, aggregation: Aggregation, deployed: bool) -> str:
+    """The run's line on whose replies are trusted, where that is not the simulation's default
+    ("": trusted clients in simulation, each method's formula as its paper has it)."""
+    if not untrusted(cfg, deployed):
+        if not deployed:
+            return ""
+        return ("driftfl: warning: trust=clients: each method averages as its paper does, so "
+                "one client inside the checks can steer the model and the method's state; "
+                "trust=none (the default here) bounds each client's influence")
+    how = where_unbounded(cfg, aggregation)
+    if how:
+        return f"driftfl: clients not trusted (trust={cfg.trust}); {how}"
+    return (f"driftfl: clients not trusted (trust={cfg.trust}): each client's update and every "
+            f"payload that feeds the method's state are moved to within {cfg.clip_ratio:g} x "
+            "the round's median distance of the clients' median before the method's own "
+            "formula, so one client moves them by at most its weight x that distance; the "
+            "paper's plain mean would let it move them without limit")
