@@ -61,7 +61,7 @@ def exploit_probabilities(matrix: np.ndarray) -> np.ndarray:
     matrix = np.asarray(matrix, dtype=np.float64)
     sums = matrix.sum(axis=1) - np.diag(matrix)
     total = sums.sum()
-    if not total > 0:
+    if not 0 < total < math.inf:  # NaN and inf too: a draw needs finite probabilities
         return np.full(len(sums), 1.0 / len(sums))
     return sums / total
 
@@ -85,14 +85,22 @@ def select_clients(explored: list[int], unexplored: list[int], matrix: np.ndarra
                    epsilon: float, rng: np.random.Generator) -> tuple[list[int], list[int]]:
     """(exploited, explored now): floor(epsilon * count) of ``explored`` drawn without
     replacement by Eq. 4 (``matrix`` over ``explored``, in that order), the rest of ``count``
-    drawn uniformly from ``unexplored``; when either pool runs short the other fills in."""
+    drawn uniformly from ``unexplored``; when either pool runs short the other fills in. When
+    fewer explored clients than the picks have a non-zero Eq. 4 probability (a client whose
+    update is 0, e.g. one returning the model it was sent, has a CKA row of 0), all of those
+    are exploited and the rest drawn uniformly among the others: what drawing one at a time
+    gives, each draw by Eq. 4 over those left and uniform once all left have probability 0."""
     exploit = min(math.floor(epsilon * count + 1e-9), len(explored))
     explore = min(count - exploit, len(unexplored))
     exploit = min(count - explore, len(explored))  # fill from the explored when none remain
     chosen_old: list[int] = []
     if exploit:
-        picks = rng.choice(len(explored), size=exploit, replace=False,
-                           p=exploit_probabilities(matrix))
+        p = exploit_probabilities(matrix)
+        likely, unlikely = np.flatnonzero(p > 0), np.flatnonzero(p == 0)
+        if len(likely) >= exploit:
+            picks = rng.choice(len(explored), size=exploit, replace=False, p=p)
+        else:
+            picks = [*likely, *rng.choice(unlikely, size=exploit - len(likely), replace=False)]
         chosen_old = [explored[i] for i in picks]
     chosen_new = ([unexplored[i] for i in rng.choice(len(unexplored), size=explore,
                                                       replace=False)] if explore else [])

@@ -161,6 +161,35 @@ def test_select_draws_by_eq_4_and_splits_by_epsilon():
     assert old == [] and len(new) == 2  # nothing explored yet: explore
 
 
+def test_a_client_with_a_cka_row_of_0_cannot_crash_a_round_that_exploits_every_client():
+    """Issue 43: a client returning the model it was sent has an update of 0, so a CKA row of
+    0 and an Eq. 4 probability of 0; a round exploiting all three explored clients (the
+    default fraction=1.0 with 3 clients, none left unexplored) asked rng.choice for more picks
+    than non-zero probabilities (ValueError). Now every client Eq. 4 can draw is exploited
+    and the rest drawn uniformly among the others."""
+    copied = np.array([[0.0, 0.0, 0.0], [0.0, 1.0, 0.5], [0.0, 0.5, 1.0]])
+    assert cka_matrix([np.zeros((3, 2)), *np.random.default_rng(0).normal(size=(2, 3, 2))])[0] \
+        .tolist() == [0.0, 0.0, 0.0]
+    assert exploit_probabilities(copied).tolist() == [0.0, 0.5, 0.5]
+    old, new = select_clients([10, 11, 12], [], copied, 3, 0.5, np.random.default_rng(0))
+    assert sorted(old) == [10, 11, 12] and new == []
+    # two of four at 0, three picks: both non-zero ones, then one of the two others uniformly
+    two = np.zeros((4, 4))
+    two[2:, 2:] = [[1.0, 0.3], [0.3, 1.0]]
+    filled = []
+    for seed in range(200):
+        old, _ = select_clients([10, 11, 12, 13], [], two, 3, 1.0, np.random.default_rng(seed))
+        assert len(old) == 3 and {12, 13} <= set(old)
+        filled.append(*(set(old) - {12, 13}))
+    assert 0.35 < filled.count(10) / len(filled) < 0.65
+    # no more picks than non-zero probabilities: Eq. 4's draw as before, never a zero one
+    for seed in range(50):
+        old, _ = select_clients([10, 11, 12, 13], [], two, 2, 1.0, np.random.default_rng(seed))
+        assert sorted(old) == [12, 13]
+    nan = np.array([[1.0, np.nan], [np.nan, 1.0]])
+    assert exploit_probabilities(nan).tolist() == [0.5, 0.5]
+
+
 def test_complementary_group_is_the_least_similar_explored_clients():
     assert complementary_group(10, [10, 11, 12], M3, 1) == [12]
     assert complementary_group(10, [10, 11, 12], M3, 2) == [12, 11]

@@ -9,8 +9,9 @@ one is rejected whole, like a failed check:
 - **Survey.** The counts agree with the node's label histogram from the data survey: at most the
   histogram's count per class, and a class the node does not hold has count 0 and a zero row.
 - **Peers.** A held class's prototype norm is at most ``max_peer_ratio`` x the lower median
-  (``guard.lower_median``) of that class's prototype norms this round, over the replies holding
-  it; a class that one reply alone holds is measured against the lower median over every held
+  of that class's non-zero prototype norms this round, over the replies holding it
+  (``guard.nonzero_lower_median``: one zero prototype must not make every other one outsized);
+  a class that one reply alone holds is measured against the lower median over every held
   prototype of the round (features and logits of one model have norms of one order).
 - **Global.** Where the class has a global prototype, ||P_k,c - P_G,c|| may be at most
   ``max_update_ratio`` x max(1, ||P_G,c||), as a model update against the global model.
@@ -59,11 +60,11 @@ def outliers(replies: Replies, global_prototypes: np.ndarray | None, present: np
         return {}
     norms = np.stack([np.linalg.norm(p.astype(np.float64), axis=1) for p, _ in replies])
     held = np.stack([c > 0 for _, c in replies])
-    pooled = guard.lower_median(norms[held].tolist())
+    pooled = guard.nonzero_lower_median(norms[held].tolist())
     reasons: dict[int, str] = {}
     for c in range(held.shape[1]):
         holders = np.flatnonzero(held[:, c])
-        median = (guard.lower_median(norms[holders, c].tolist()) if len(holders) > 1
+        median = (guard.nonzero_lower_median(norms[holders, c].tolist()) if len(holders) > 1
                   else pooled)
         for k in holders:
             if not norms[k, c] <= peer_ratio * median:

@@ -42,6 +42,13 @@ def lower_median(values: Sequence[float]) -> float:
     return ordered[(len(ordered) - 1) // 2] if ordered else math.nan
 
 
+def nonzero_lower_median(values: Sequence[float]) -> float:
+    """The lower median of the ``values`` above 0 (0 when none is): a reply of size 0 (all
+    zeros) is never outsized itself, and must not pull the bar its peers meet down to 0."""
+    positive = [v for v in values if v > 0]
+    return lower_median(positive) if positive else 0.0
+
+
 def peer_outliers(norms: Sequence[float], ratio: float) -> tuple[list[int], float]:
     """(positions whose norm exceeds ``ratio`` x the lower median of ``norms``, that bound)."""
     if not norms:
