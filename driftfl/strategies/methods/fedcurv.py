@@ -132,7 +132,7 @@ class FedCurv(DriftStrategy):
         size = lambda u: model_norm(self.checked[u.node_id])
         updates = self.guard.peer_screen(self.report, updates, FISHER, size, power=2)
         kept = {**self.norms, **{u.node_id: size(u) for u in updates}}
-        median = guard.lower_median(list(kept.values()))
+        median = guard.nonzero_lower_median(list(kept.values()))
         over = [u for u in updates if not kept[u.node_id] <= self.max_peer_ratio ** 2 * median]
         for u in over:
             self.guard.refuse_reply(self.report, u.node_id, (
@@ -180,18 +180,18 @@ class FedCurv(DriftStrategy):
         for update, term in zip(self.last_updates, terms):
             fisher[update.node_id] = term
             weighted[update.node_id] = {k: term[k] * update.arrays[k] for k in self.param_keys}
-        problem = None
-        if self.fisher:
-            flat = lambda totals: {f"{part}.{k}": pair[i] for k, pair in totals.items()
-                                   for i, part in enumerate(("penalty", "anchor"))}
-            # a node's new terms replace its last ones: the sums move by the round's changes
-            own = lambda f, g, n: flat({k: (f[n][k], g[n][k]) for k in self.param_keys})
-            changes = [update_norm(own(fisher, weighted, n), own(self.fisher, self.weighted, n))
-                       if n in self.fisher else model_norm(own(fisher, weighted, n))
-                       for n in (u.node_id for u in self.last_updates)]
-            problem = self.guard.state_problem(flat(sums(fisher, weighted, self.param_keys)),
-                                         flat(sums(self.fisher, self.weighted, self.param_keys)),
-                                         scale=guard.move_scale(changes, len(changes)))
+        flat = lambda totals: {f"{part}.{k}": pair[i] for k, pair in totals.items()
+                               for i, part in enumerate(("penalty", "anchor"))}
+        # a node's new terms replace its last ones: the sums move by the round's changes (in
+        # round 1 too: from nothing, by every node's first terms)
+        own = lambda f, g, n: flat({k: (f[n][k], g[n][k]) for k in self.param_keys})
+        changes = [update_norm(own(fisher, weighted, n), own(self.fisher, self.weighted, n))
+                   if n in self.fisher else model_norm(own(fisher, weighted, n))
+                   for n in (u.node_id for u in self.last_updates)]
+        problem = self.guard.state_problem(
+            flat(sums(fisher, weighted, self.param_keys)),
+            flat(sums(self.fisher, self.weighted, self.param_keys)) if self.fisher else None,
+            scale=guard.move_scale(changes, len(changes)))
         if problem:
             self.guard.refuse_state(self.report, server_round, "FedCurv's Fisher sums", problem)
         else:

@@ -30,7 +30,7 @@ from dataclasses import replace
 import numpy as np
 
 from driftfl.strategies.parts.aggregation import Aggregation, ClientUpdate
-from driftfl.strategies.parts.guard import lower_median
+from driftfl.strategies.parts.guard import nonzero_lower_median
 
 Vectors = list[dict[str, np.ndarray]]
 
@@ -45,7 +45,7 @@ def centred_clip(vectors: Vectors, ratio: float) -> tuple[Vectors, list[float]]:
               for k in keys}
     distances = [math.sqrt(sum(float(np.sum(np.square(v[k].astype(np.float64) - centre[k])))
                                for k in keys)) for v in vectors]
-    tau = ratio * lower_median(distances)
+    tau = ratio * nonzero_lower_median(distances)  # vectors at the centre set no bar
     factors = [min(1.0, tau / d) if d > 0 else 1.0 for d in distances]
     # a vector pointing away from the centre (an update against the round's direction) is
     # replaced by the centre

@@ -53,7 +53,7 @@ def peer_outliers(norms: Sequence[float], ratio: float) -> tuple[list[int], floa
     """(positions whose norm exceeds ``ratio`` x the lower median of ``norms``, that bound)."""
     if not norms:
         return [], math.inf
-    bound = ratio * lower_median(norms)
+    bound = ratio * nonzero_lower_median(norms)  # a copied model (0) sets no bar
     return [i for i, n in enumerate(norms) if not n <= bound], bound
 
 
