@@ -21,6 +21,7 @@ from .composing import composed
 from .conditions import HeterogeneitySettings
 from .datasets import DatasetSettings, dataset_settings
 from .models import ModelSettings, model_settings
+from .owners import MAX_EXAMPLES_RATIO
 from .partition import PartitionSettings, partition_settings
 from .privacy import PrivacySettings, SecAggSettings
 from .settings import MANY, Settings, validated
@@ -97,7 +98,7 @@ class ExperimentConfig(Settings):
     # deployment: a client's aggregation weight counts at most this many times the median of
     # the example counts the data survey found (nodes claim their counts there; simulation's
     # are the server's own and never capped), so no client outweighs the rest by claiming
-    max_examples_ratio: float = Field(10.0, ge=1)
+    max_examples_ratio: float = Field(MAX_EXAMPLES_RATIO, ge=1)
     # whose replies are trusted to follow the method: ``clients`` (each paper's own formula,
     # the screens above only), ``none`` (each client's influence on the model and every state
     # bounded: strategies/parts/bounded.py), ``auto``: clients in simulation, none in deployment

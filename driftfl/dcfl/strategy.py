@@ -94,6 +94,7 @@ class DCFL(DriftStrategy):
                                 "condensed_bytes_sent", "condensed_bytes_received",
                                 "pretrain_accuracy", "cka_offdiag_min", "cka_offdiag_max",
                                 "selection_tv", *shipped.COLUMNS.values()})
+    client_figures = frozenset(shipped.COLUMNS.values())
 
     def __init__(self, *, model: torch.nn.Module, pretrain_fraction: float,
                  pretrain_requests: int, pretrain: TrainSettings, filter_ratio: float,

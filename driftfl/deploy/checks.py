@@ -11,19 +11,23 @@ from pathlib import Path
 from driftfl.common.errors import ConfigError
 from driftfl.common.paths import cannot_write
 
-HOSTNAME = re.compile(r"^(?=.{1,253}$)([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)"
-                      r"(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$")
+# whole strings only (fullmatch; \Z in the look-ahead): `$` also matches before a trailing
+# newline, which would pass into nginx's configuration or a certificate
+HOSTNAME = re.compile(r"(?=.{1,253}\Z)([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)"
+                      r"(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*")
 # what a path in an nginx configuration may hold: nothing nginx reads as syntax (whitespace,
 # ; { } quotes, # comments, $ variables, \ escapes)
-PLAIN_PATH = re.compile(r"^[\w./@+,=:~-]+$")
+PLAIN_PATH = re.compile(r"[\w./@+,=:~-]+")
 
 
 def is_ip(host: str) -> bool:
+    """An IP address without an IPv6 scope id (``%eth0``: Python takes any text after the %,
+    spaces and ; included, which nginx would read as syntax)."""
     try:
         ipaddress.ip_address(host)
     except ValueError:
         return False
-    return True
+    return "%" not in host
 
 
 def host_port(address: str, option: str, any_host: bool = False) -> tuple[str, int]:
@@ -33,7 +37,8 @@ def host_port(address: str, option: str, any_host: bool = False) -> tuple[str, i
     bare = host[1:-1] if host.startswith("[") and host.endswith("]") else host
     ipv6_in_brackets = bare != host and ":" in bare and is_ip(bare)
     good_host = ipv6_in_brackets or (bare == host and (
-        HOSTNAME.match(host) or (":" not in host and is_ip(host)) or (any_host and host == "*")))
+        HOSTNAME.fullmatch(host) or (":" not in host and is_ip(host))
+        or (any_host and host == "*")))
     if not (sep and good_host and re.fullmatch(r"[0-9]{1,5}", port)
             and 0 < int(port) < 65536):
         raise ConfigError(f"{option} {address!r} is not host:port, a host name or IP address "
@@ -44,7 +49,7 @@ def host_port(address: str, option: str, any_host: bool = False) -> tuple[str, i
 def plain_path(path: Path, what: str) -> Path:
     """``path``, absolute, when nginx can read it as one word of its configuration."""
     path = path.resolve()
-    if not PLAIN_PATH.match(str(path)):
+    if not PLAIN_PATH.fullmatch(str(path)):
         raise ConfigError(f"{what} {str(path)!r} holds a character nginx would read as part of "
                           "its configuration (space, ; { } quote # $ \\); use a path of "
                           "letters, digits and ./_-")

@@ -20,7 +20,7 @@ from pathlib import Path
 from driftfl.common.errors import ConfigError
 from driftfl.deploy.checks import host_port, writable_folder
 
-NAME = re.compile(r"^[A-Za-z0-9_-]+$")  # a bare TOML key, as Flower writes its own
+NAME = re.compile(r"[A-Za-z0-9_-]+")  # a bare TOML key, as Flower writes its own (fullmatch)
 
 
 def config_path() -> Path:
@@ -87,7 +87,7 @@ def connect(name: str, address: str, root_certificates: Path | None) -> str:
     from flwr.cli.typing import SuperLinkConnection
 
     defaults = _flower_defaults()
-    if not NAME.match(name):
+    if not NAME.fullmatch(name):
         raise ConfigError(f"connection name {name!r}: use letters, digits, - and _ only")
     if name in defaults:
         raise ConfigError(f"{name!r} is a name Flower's config.toml uses itself "

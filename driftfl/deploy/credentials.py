@@ -27,7 +27,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from driftfl.common.errors import ConfigError
-from driftfl.deploy.checks import HOSTNAME, writable_folder
+from driftfl.deploy.checks import HOSTNAME, is_ip, writable_folder
 
 CA_CERT, CA_KEY = "ca.crt", "ca.key"
 SERVER_CERT, SERVER_KEY = "superlink.crt", "superlink.key"
@@ -40,11 +40,9 @@ def node_key(i: int) -> str:
 
 def _subject_name(name: str) -> x509.GeneralName:
     """A SubjectAltName entry: an IP address, else a DNS name; ConfigError for neither."""
-    try:
+    if is_ip(name):
         return x509.IPAddress(ipaddress.ip_address(name))
-    except ValueError:
-        pass
-    if not HOSTNAME.match(name):
+    if not HOSTNAME.fullmatch(name):
         raise ConfigError(f"--name {name!r} is neither a host name nor an IP address")
     return x509.DNSName(name)
 

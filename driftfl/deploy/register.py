@@ -19,11 +19,11 @@ from pathlib import Path
 from driftfl.common.errors import ConfigError
 from driftfl.common.paths import console_script
 from driftfl.deploy.checks import writable_folder
-from driftfl.common.owners import (MAX_EXAMPLES, OWN_DATA, Owner, owners_problem, read_owners,
-                                   write_owners)
+from driftfl.common.owners import (KEY_NAME, MAX_EXAMPLES, MAX_EXAMPLES_RATIO, OWN_DATA, Owner,
+                                   owners_problem, read_owners, undeclared_counts, write_owners)
 
 ALREADY_REGISTERED = "Public key already in use"  # flwr's answer to a key registered before
-NUMBERED = re.compile(r"node-(\d+)\.key\.pub")  # the keys `driftfl secure init` makes
+NUMBERED = re.compile(r"node-(0|[1-9][0-9]*)\.key\.pub")  # the keys `driftfl secure init` makes
 
 
 def planned_owners(keys: list[Path], partitions: list[str], examples: list[str]
@@ -31,6 +31,11 @@ def planned_owners(keys: list[Path], partitions: list[str], examples: list[str]
     """Key file name -> Owner, from the keys' names and ``--partition``/``--examples``
     (KEY=VALUE, KEY a key's file name); ConfigError names the first problem."""
     names = {key.name for key in keys}
+    for name in sorted(names):
+        if not KEY_NAME.fullmatch(name):
+            raise ConfigError(f"key file {ascii(name)}: the owners file records a key by a name "
+                              "of ASCII letters, digits and ._+- (not starting with '.'); "
+                              "rename the file")
     given = {"--partition": _assignments("--partition", partitions, names),
              "--examples": _assignments("--examples", examples, names)}
     owners = {}
@@ -64,7 +69,8 @@ def _count(option: str, name: str, value: str | None, least: int) -> int | None:
         return None
     if option == "--partition" and value == "own":
         return OWN_DATA
-    if not re.fullmatch(r"\d+", value) or not least <= int(value) <= MAX_EXAMPLES:
+    # ASCII digits in one spelling: "01" or Arabic-Indic digits would name the same number
+    if not re.fullmatch(r"0|[1-9][0-9]*", value) or not least <= int(value) <= MAX_EXAMPLES:
         what = "a partition id or own" if option == "--partition" else "a positive count"
         raise ConfigError(f"{option} {name}={value}: expected {what}")
     return int(value)
@@ -131,6 +137,8 @@ def register(connection: str, keys: list[Path], owners_file: Path,
     write_owners(owners_file, owners)
     print(f"{owners_file}: {len(owners)} node(s) and the partitions they hold; name it in the "
           f"experiment (owners={owners_file.resolve()}) on the SuperLink's machine")
+    if says := undeclared_counts(owners, len(owners), MAX_EXAMPLES_RATIO):
+        print(f"driftfl: WARNING: {says}", file=sys.stderr)
     return failed
 
 

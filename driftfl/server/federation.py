@@ -31,7 +31,7 @@ from flwr.superlink.grid import InMemoryGrid
 from flwr.supercore import log
 
 from driftfl.common.errors import ConfigError
-from driftfl.common.owners import read_owners
+from driftfl.common.owners import read_owners, undeclared_counts
 
 from . import checkpoint
 from .nodes import wait_for_nodes
@@ -158,6 +158,9 @@ class DeployedFederation(Federation):
         # the owners file (read on the SuperLink's machine), checked before anything runs
         self.owners = (read_owners(Path(cfg.owners), cfg.num_clients)
                        if cfg.owners is not None else None)
+        # nodes claim their counts in the survey: say what one that lies gets, where it can
+        if says := undeclared_counts(self.owners, cfg.num_clients, cfg.max_examples_ratio):
+            log(WARNING, says)
         self.grid = RoundGrid(MeteredGrid(grid))
         self.roster = None
         self.lost: list[int] = []  # the last round's lost nodes: the roster waits for them

@@ -84,6 +84,8 @@ class DriftStrategy(FedAvg):
     # the row columns ``server_metrics`` may write: a client metric of the same name is left
     # out of the row, in rounds where the strategy measures nothing too
     server_columns: ClassVar[frozenset[str]] = frozenset()
+    # those of them that record the clients' own figures, which clients may send (DCFL's)
+    client_figures: ClassVar[frozenset[str]] = frozenset()
     # what the server takes from each client beyond its model update, which differential
     # privacy and secure aggregation do not cover ("": nothing; such a method refuses them)
     unprotected: ClassVar[str] = ""

@@ -35,3 +35,12 @@ def register(name: str, method: Method) -> None:
 
 def _where(cls: type) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def written_columns() -> frozenset[str]:
+    """The row columns any registered strategy writes itself (its ``server_columns``), less
+    those that record its clients' own figures (``client_figures``, DCFL's condense_seconds):
+    no client metric may name one, whichever method runs."""
+    return frozenset(column for method in METHODS.values()
+                     for column in method.strategy.server_columns
+                     - method.strategy.client_figures)

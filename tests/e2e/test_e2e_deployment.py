@@ -222,6 +222,11 @@ def test_with_an_owners_file_a_node_claiming_another_keys_partition_is_refused(
                                            for n in json.loads(listed.stdout)["nodes"])
     assert f"node-0.key.pub: already registered as node {node['node-0.key.pub']}" in \
         register.stdout, register.stdout
+    # no count declared (--examples): register and the run's first lines say what a liar gets
+    assert ("example counts are not declared (the owners file declares none for 3 of its 3 "
+            "keys): a node may claim more examples than it holds") in register.stderr
+    assert ("max_examples_ratio=10 x the survey's lower median count, 83.3% of every weighted "
+            "mean among 3 nodes") in out.stdout + out.stderr
     assert (run_dir / "summary.json").is_file(), out.stdout[-3000:] + out.stderr[-3000:]
     clients = json.loads((run_dir / "partition.json").read_text())["clients"]
     assert [(c["partition_id"], c["node_id"]) for c in clients] == [

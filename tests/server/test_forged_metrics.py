@@ -131,3 +131,61 @@ def test_values_no_metric_record_holds_are_refused_too(value, reason):
     assert read_metrics({"speed": value}) == reason
     assert read_metrics({"class-alpha": [[1.0]]}) == (
         "metric 'class-alpha' is a list; expected a list of numbers")
+
+
+@pytest.mark.parametrize("name, reason", [
+    # near misses of the server's columns: not ASCII, or not of the plain shape
+    ("Test-Accuracy", "metric 'Test-Accuracy' is not a name of lowercase letters, digits, - "
+                      "and _ (a letter first, at most 64)"),
+    ("test_acc\u0435", "metric 'test_acc\\u0435' is not named in ASCII"),  # a Cyrillic e
+    ("test-accuracy\u200b", "metric 'test-accuracy\\u200b' is not named in ASCII"),
+    ("test_accuracy\n", "metric 'test_accuracy\\n' is not a name of lowercase letters"),
+    ("x" * 65, "is not a name of lowercase letters, digits, - and _ (a letter first, at most 64)"),
+    # separators folded: one column however its '-' and '_' run
+    ("test--accuracy-", "metric 'test--accuracy-' would write the server's own column "
+                        "'test_accuracy'"),
+    ("_clients", "metric '_clients' is not a name of lowercase letters"),
+    ("dp-sigma", "metric 'dp-sigma' would write the server's own column 'dp_sigma'"),
+    # another method's own columns, whichever method runs
+    ("server-control-norm", "metric 'server-control-norm' would pass for "
+                            "'server_control_norm', a column a strategy writes"),
+    ("teacher_accuracy", "would pass for 'teacher_accuracy', a column a strategy writes"),
+    ("explored-total", "would pass for 'explored_total', a column a strategy writes"),
+])
+def test_near_miss_and_other_methods_metric_names_are_refused_one_reason_each(name, reason):
+    import driftfl.methods  # noqa: F401  (every method registered, as in a run)
+
+    refused = read_metrics({"train-loss": 0.5, name: 1.0})
+    assert isinstance(refused, str) and reason in refused, refused
+    strategy = surveyed(FedAvg(), CLIENTS)
+    strategy.aggregate_train(1, [train_reply(1, [2.0, 2.0], 10, **{name: 0.5})])
+    assert strategy.report.rejected == [f"partition 1 (node 1): {refused}"]
+
+
+@pytest.mark.parametrize("value, reason", [
+    (1.7e308, "metric 'train-loss' is 1.7e+308, over 1e+12 in magnitude"),
+    (-1e13, "metric 'train-loss' is -1e+13, over 1e+12 in magnitude")])
+def test_metric_values_are_bounded_in_magnitude(value, reason):
+    assert read_metrics({"train-loss": value}) == reason
+    assert read_metrics({"class-alpha": [0.5, float("nan"), value]}) == (
+        "metric 'class-alpha' holds a value over 1e+12 in magnitude")
+    assert read_metrics({"train-loss": 1e12, "class-alpha": [-1e12, float("nan")]}) \
+        == {"train-loss": 1e12, "class-alpha": [-1e12, pytest.approx(float("nan"), nan_ok=True)]}
+
+
+def test_every_metric_a_methods_clients_send_is_accepted():
+    """The names the clients here send, DCFL's own figures (columns its strategy records by
+    client) among them."""
+    import driftfl.methods  # noqa: F401
+    from driftfl.common.protocol import (CLASS_ALPHA, CONDENSE_EPSILON, CONDENSE_SECONDS,
+                                         CONDENSED_COPIES, CONDENSED_SIMILARITY, LOCAL_STEPS,
+                                         TRAIN_LOSS)
+    from driftfl.common.client_split import ACC_AFTER, ACC_BEFORE
+
+    sent = [NUM_EXAMPLES, LOCAL_STEPS, TRAIN_LOSS, ACC_BEFORE, ACC_AFTER, "logit-shift",
+            "local-loss", "local-accuracy", "control-norm", "fisher-mean", "grad-prev-norm",
+            "alpha-mean", "moon-previous-model", "mask-filter-rate", "teacher-logits-reused",
+            "global-prototype-classes", CONDENSE_SECONDS, CONDENSE_EPSILON, CONDENSED_COPIES,
+            CONDENSED_SIMILARITY]
+    assert read_metrics({name: 1.0 for name in sent} | {CLASS_ALPHA: [0.5]}) == (
+        {name: 1.0 for name in sent} | {CLASS_ALPHA: [0.5]})

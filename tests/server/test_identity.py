@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -116,6 +118,44 @@ def test_a_claimed_count_weighs_at_most_max_examples_ratio_times_the_median(capl
     assert metrics["local-accuracy"] == pytest.approx(10 / 19)
 
 
+def test_the_cap_holds_with_two_nodes_where_a_median_would_be_their_mean(caplog):
+    """Two nodes (the deployment guide's layout, counts not declared), one claiming 1e8: the
+    median of two counts was their mean, so the liar kept 99.999 % of the weight; the lower
+    median caps it at r x the honest count, r / (r + 1) of the mean (90.9 % at r = 10)."""
+    clients = [{"node_id": 1, "partition_id": 0, "num_examples": 100},
+               {"node_id": 2, "partition_id": 1, "num_examples": MAX_EXAMPLES}]
+    strategy = surveyed(FedAvg(max_examples_ratio=10.0), clients)
+    assert strategy.guard.weight_cap() == 1000
+    with caplog.at_level(logging.WARNING, logger="flwr"):
+        arrays, _ = strategy.aggregate_train(1, [train_reply(1, [2.0, 2.0], n=100),
+                                                 train_reply(2, [3.0, 3.0], n=MAX_EXAMPLES)])
+    share = float(arrays["w"].numpy()[0]) - 2.0  # honest 2, liar 3: the liar's weight
+    assert share == pytest.approx(10 / 11, abs=1e-6) and share <= 10 / 11 + 1e-6
+    assert "weighs as 1000 examples, not its 100000000" in caplog.text
+
+
+def test_a_run_with_undeclared_counts_says_what_a_liar_gets(tmp_path, caplog):
+    from driftfl.server.federation import DeployedFederation
+
+    path = tmp_path / "owners.json"
+    write_owners(path, {11: Owner("node-0.key.pub", 0), 12: Owner("node-1.key.pub", 1, 600)})
+    for owners, which in ([f"owners={path}"], "the owners file declares none for 1 of its 2 "
+                                              "keys"), ([], "there is no owners file"):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="flwr"):
+            DeployedFederation(ScriptedGrid([]), compose([*owners, "num_clients=2"]))
+        assert (f"example counts are not declared ({which}): a node may claim more examples "
+                "than it holds and then weighs as max_examples_ratio=10 x the survey's lower "
+                "median count, 90.9% of every weighted mean among 2 nodes of equal size; "
+                "declare each node's count with `driftfl secure register --examples KEY=N`"
+                ) in caplog.text
+    write_owners(path, {11: Owner("node-0.key.pub", 0, 600), 12: Owner("node-1.key.pub", 1, 6)})
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="flwr"):
+        DeployedFederation(ScriptedGrid([]), compose([f"owners={path}", "num_clients=2"]))
+    assert "example counts are not declared" not in caplog.text
+
+
 def test_the_cap_is_deployments_only_and_an_honest_federation_never_meets_it():
     for method in ("fedavg", "fedprox"):  # DriftStrategy's own, and one of Flower's first
         cfg = check_experiment(compose([f"strategy={method}"]))
@@ -136,7 +176,7 @@ def test_owners_files_that_cannot_be_used_get_one_line_before_anything_runs(tmp_
         (None, "does not exist; `driftfl secure register` writes it"),
         ("{", "cannot be read as JSON"),
         ("[]", "is not a JSON object of node id -> key and partition"),
-        ('{"x1": {"key": "a", "partition": 0}}', "node x1: is not a node id"),
+        ('{"x1": {"key": "a", "partition": 0}}', "node 'x1': is not a node id"),
         ('{"5": {"key": "a"}}', 'node 5: expected {"key": "<file>.key.pub", "partition"'),
         ('{"5": {"key": "a", "partition": 0, "owner": 1}}', "unknown field(s) owner"),
         ('{"5": {"key": "a", "partition": 3}}', "'partition' is 3; expected -1 (own data) or "
@@ -165,6 +205,74 @@ def test_owners_files_that_cannot_be_used_get_one_line_before_anything_runs(tmp_
         Federation.of(InMemoryGrid.__new__(InMemoryGrid), compose([f"owners={path}"]))
     write_owners(path, OWNERS)
     assert DeployedFederation(ScriptedGrid([]), compose([f"owners={path}"])).owners == OWNERS
+
+
+@pytest.mark.parametrize("text, says", [
+    # one node id in two spellings: json would keep the last silently, int() would merge them
+    ('{"5": {"key": "a", "partition": 0}, "5": {"key": "b", "partition": 1}}',
+     "cannot be read as JSON ('5' is given twice in one object)"),
+    ('{"5": {"key": "a", "partition": 0, "partition": 1}}',
+     "cannot be read as JSON ('partition' is given twice in one object)"),
+    ('{"0111": {"key": "a", "partition": 0}, "111": {"key": "b", "partition": 1}}',
+     "node '0111': is not a node id (a positive integer in ASCII digits without leading zeros"),
+    ('{"\u0661\u0661\u0661": {"key": "a", "partition": 0}}',  # Arabic-Indic 111
+     "node '\\u0661\\u0661\\u0661': is not a node id"),
+    ('{"111": {"key": "a", "partition": 0}, "\uff11\uff11\uff11": {"key": "b", "partition": 1}}',
+     "node '\\uff11\\uff11\\uff11': is not a node id"),  # fullwidth digits
+    ('{"18446744073709551616": {"key": "a", "partition": 0}}', "is not a node id"),  # 2**64
+    ('{"5": {"key": "a\\nb.key.pub", "partition": 0}}',
+     "node 5: 'key' must be the key's file name (ASCII letters, digits and ._+-"),
+    ('{"5": {"key": "../a.key.pub", "partition": 0}}', "'key' must be the key's file name"),
+    ("[" * 100_000 + "]" * 100_000, "nests deeper than an owners file (an object of objects)"),
+    ('{"5": ' + '{"a": ' * 100_000 + "1" + "}" * 100_001,
+     "nests deeper than an owners file"),
+    (b'{"5": {"key": "\xe9", "partition": 0}}', "cannot be read as JSON ('utf-8' codec"),
+    (" " * (4 * 2**20 + 1), "is over 4 MiB, more than any owners file holds"),
+])
+def test_owners_files_with_ambiguous_ids_or_out_of_bounds_get_one_line(tmp_path, text, says):
+    path = tmp_path / "owners.json"
+    (path.write_bytes if isinstance(text, bytes) else path.write_text)(text)
+    with pytest.raises(ConfigError) as refused:
+        read_owners(path, 3)
+    assert says in str(refused.value) and "\n" not in str(refused.value)
+
+
+def test_an_owners_file_is_read_only_from_a_regular_file_and_at_once(tmp_path):
+    """/dev/zero was read without end; a FIFO would wait for a writer."""
+    os.mkfifo(tmp_path / "fifo")
+    for path in (Path("/dev/zero"), tmp_path / "fifo"):
+        with pytest.raises(ConfigError, match="is not a regular file; give the owners.json"):
+            read_owners(path)
+    with pytest.raises(ConfigError, match=r"cannot be read \(Is a directory\)"):
+        read_owners(tmp_path)
+
+
+def test_owners_file_refusals_reach_the_command_line_as_one_line(tmp_path):
+    from driftfl.deploy.credentials import make_credentials
+
+    make_credentials(tmp_path / "keys", [], nodes=1)
+    owners = tmp_path / "keys" / "owners.json"
+    owners.write_text('{"5": {"key": "a", "partition": 0}, "5": {"key": "b", "partition": 1}}')
+    _one_line_error(_driftfl("secure", "register", "no-such-connection",
+                             str(tmp_path / "keys" / "node-0.key.pub")),
+                    "'5' is given twice in one object")
+
+
+def test_register_refuses_ambiguous_numbers_and_key_names(tmp_path):
+    keys = [tmp_path / "node-0.key.pub", tmp_path / "lab.key.pub"]
+    for partitions, examples, says in [
+            (["lab.key.pub=01"], [], "--partition lab.key.pub=01: expected a partition id"),
+            (["lab.key.pub=\u0661"], [], "expected a partition id"),  # Arabic-Indic 1
+            (["lab.key.pub=1"], ["lab.key.pub=\uff15"], "--examples lab.key.pub=\uff15: "
+                                                        "expected a positive count")]:
+        with pytest.raises(ConfigError, match=says):
+            planned_owners(keys, partitions, examples)
+    # node-01 is not the name `driftfl secure init` gives node 1: its partition must be said
+    with pytest.raises(ConfigError, match="which partition does node-01.key.pub hold"):
+        planned_owners([tmp_path / "node-01.key.pub"], [], [])
+    with pytest.raises(ConfigError, match=r"key file 'lab\\nb.key.pub': the owners file "
+                                          "records a key by a name of ASCII letters"):
+        planned_owners([tmp_path / "lab\nb.key.pub"], ["lab\nb.key.pub=1"], [])
 
 
 def test_register_plans_each_keys_partition_and_refuses_what_it_cannot_place(tmp_path):

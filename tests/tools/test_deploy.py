@@ -87,6 +87,9 @@ def test_init_never_overwrites_and_refuses_a_bad_name_before_writing(tmp_path, c
     assert {p.name: p.read_bytes() for p in credentials.iterdir()} == before
     with pytest.raises(ConfigError, match="'bad name' is neither a host name"):
         make_credentials(tmp_path / "new", ["ok.org", "bad name"], nodes=1)
+    for name in ("ok.org\n", "ok.org\nevil.org", "fe80::1%x y"):  # $ matched before a newline
+        with pytest.raises(ConfigError, match="is neither a host name"):
+            make_credentials(tmp_path / "new", [name], nodes=1)
     assert not (tmp_path / "new").exists()
     out = subprocess.run([driftfl_bin(), "secure", "init", str(credentials), "--nodes", "1"],
                          capture_output=True, text=True)
@@ -195,6 +198,9 @@ def test_connect_puts_back_what_a_hand_made_file_lacks_and_keeps_every_other_ent
     (["fed", "--address", "a:65536", "--insecure"], "is not host:port"),
     (["fed", "--address", "a:\u0669", "--insecure"], "is not host:port"),  # an Arabic nine
     (["fed", "--address", "9091", "--insecure"], "is not host:port"),
+    (["fed\n", "--address", "a:1", "--insecure"], "use letters, digits, - and _ only"),
+    (["fed", "--address", "a\n:1", "--insecure"], "is not host:port"),  # `$` took a newline
+    (["fed", "--address", "a:1\n", "--insecure"], "is not host:port"),
     (["fed", "--address", "a:1", "--root-certificates", "missing.crt"],
      "--root-certificates missing.crt: No such file or directory"),
     (["fed", "--address", "a:1", "--root-certificates", "node.key.pub"],
@@ -265,10 +271,13 @@ def test_proxy_configuration_refuses_bad_addresses_and_missing_files(credentials
                               ("0.0.0.0:0", "s:1"), ("0.0.0.0:65536", "s:1"),
                               ("*:9090", "*:9091"), ("0.0.0.0:9090", "s;x:1"),
                               ("0.0.0.0:9090", "s:1;"), ("[::1:9090", "s:1"),
-                              ("0.0.0.0:9090", "[fl.org]:1"), ("0.0.0.0:9090", "'s':1")):
+                              ("0.0.0.0:9090", "[fl.org]:1"), ("0.0.0.0:9090", "'s':1"),
+                              # `$` matched before a trailing newline; a scope id is any text
+                              ("localhost\n:9090", "s:1"), ("0.0.0.0:9090", "s\n:1"),
+                              ("[fe80::1%x;y]:9090", "s:1"), ("0.0.0.0:9090", "[::1%x y]:1")):
         with pytest.raises(ConfigError, match="is not host:port"):
             proxy.render(listen, superlink, *files, tmp_path)
-    for odd in ("a b", "a;b", "a{b", "a$b", "a'b", 'a"b', "a#b", "a\\b", "a\nb"):
+    for odd in ("a b", "a;b", "a{b", "a$b", "a'b", 'a"b', "a#b", "a\\b", "a\nb", "a\n"):
         folder = tmp_path / odd
         shutil.copytree(credentials, folder)
         moved = (folder / "superlink.crt", folder / "superlink.key", folder / "ca.crt")
@@ -281,6 +290,8 @@ def test_proxy_configuration_refuses_bad_addresses_and_missing_files(credentials
     out = _driftfl("secure", "proxy", str(credentials), "--listen",
                    "a b; include /etc/passwd:9090", "--print-config")
     _one_line_error(out, "--listen 'a b; include /etc/passwd:9090' is not host:port")
+    _one_line_error(_driftfl("secure", "proxy", str(credentials), "--listen", "localhost\n:9090",
+                             "--print-config"), "--listen 'localhost\\n:9090' is not host:port")
     with pytest.raises(ConfigError, match="make the credentials first"):
         proxy.render("0.0.0.0:9090", "s:1", tmp_path / "none.crt", *files[1:], tmp_path)
     # nginx checks an upstream's certificate by DNS name: an address is checked as localhost

@@ -12,11 +12,12 @@ from flwr.app import Array, ArrayRecord, Message
 from torch import nn
 
 from driftfl.common.config import ExperimentConfig
-from driftfl.common.columns import forged_column
+from driftfl.common.columns import MAX_METRIC, metric_name_problem
 from driftfl.common.error_replies import error_reason
 from driftfl.common.protocol import (ARRAYS, LOCAL_STEPS, METRICS, NUM_EXAMPLES,
                                      PER_CLASS_METRICS)
 from driftfl.common import settings
+from driftfl.strategies.registry import written_columns
 
 
 @dataclass(frozen=True)
@@ -76,25 +77,31 @@ def check_reply(msg: Message, reference: dict[str, np.ndarray],
 
 
 def read_metrics(record) -> dict[str, float | list[float]] | str:
-    """A reply's metrics as floats and lists of floats, or why they cannot be used: a metric
-    may not name a column the server writes (``columns.forged_column``); a per-class metric
-    (``PER_CLASS_METRICS``) is a list that may hold NaN for a class the client lacks, not an
-    infinity; every other metric is one finite number (not a bool, a string or a list)."""
+    """A reply's metrics as floats and lists of floats, or why they cannot be used: a metric's
+    name must be plain and name no column the server or any strategy writes
+    (``columns.metric_name_problem``); a per-class metric (``PER_CLASS_METRICS``) is a list
+    that may hold NaN for a class the client lacks, not an infinity; every other metric is one
+    finite number (not a bool, a string or a list); no value is over ``MAX_METRIC`` in
+    magnitude."""
     metrics: dict[str, float | list[float]] = {}
+    written = written_columns()
     for key, value in record.items():
-        forged = forged_column(key)
-        if forged:
-            return f"metric '{key}' would write the server's own column '{forged}'"
+        if problem := metric_name_problem(key, written):
+            return problem
         if key in PER_CLASS_METRICS:
             if not isinstance(value, list) or not all(_is_number(v) for v in value):
                 return f"metric '{key}' is {_kind(value)}; expected a list of numbers"
             values = [float(v) for v in value]
             if any(math.isinf(v) for v in values):
                 return f"metric '{key}' holds an infinite value"
+            if any(abs(v) > MAX_METRIC for v in values):
+                return f"metric '{key}' holds a value over {MAX_METRIC:.0e} in magnitude"
             metrics[key] = values
         elif _is_number(value):
             if not math.isfinite(value):
                 return f"metric '{key}' is {value}"
+            if abs(value) > MAX_METRIC:
+                return f"metric '{key}' is {value:.3g}, over {MAX_METRIC:.0e} in magnitude"
             metrics[key] = float(value)
         else:
             return f"metric '{key}' is {_kind(value)}; expected a number"

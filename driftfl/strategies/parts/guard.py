@@ -166,12 +166,14 @@ class ReplyGuard:
                     self.strikes[name], self.exclude_after)
 
     def weight_cap(self) -> float:
-        """The most examples a reply weighs as: max_examples_ratio x the median of the data
-        survey's counts (inf before a survey or without a cap)."""
+        """The most examples a reply weighs as: max_examples_ratio x the *lower* median of the
+        data survey's counts, as the peer screen (with two nodes the smaller count: the mean
+        would let one node claiming 1e8 keep 99.999 % of the weight); inf before a survey or
+        without a cap."""
         surveyed = self.clients.surveyed
         if not surveyed or math.isinf(self.max_examples_ratio):
             return math.inf
-        return self.max_examples_ratio * float(np.median(list(surveyed.values())))
+        return self.max_examples_ratio * lower_median(list(surveyed.values()))
 
     def capped(self, updates: list[ClientUpdate]) -> list[ClientUpdate]:
         """The updates with num-examples at most ``weight_cap``: every weight (FedAvg's,
