@@ -13,6 +13,7 @@ simulated run that shipped images and adds the result to summary.json (``condens
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import sys
 from pathlib import Path
@@ -21,21 +22,51 @@ import numpy as np
 
 from driftfl.common.errors import ConfigError
 from driftfl.common.leakage import THRESHOLD, channels_last, nearest_real, plot_pairs, summarise
+from driftfl.common.untrusted import (UnsafeFile, npz_arrays, read_bytes, read_text, refuse_links,
+                                      replaced_path, write_text)
 
+# what one client's shipped set may declare: a condensed set is a few images per class, so this
+# bounds the audit's memory (the set as float32, times a chunk of 4,096 real images) well
+# before a file made by someone else could exhaust it
+MAX_SHIPPED_IMAGES = 10_000
+MAX_SHIPPED_BYTES = 64 * 2**20
 USAGE = "usage: driftfl audit RUN_DIR [--data DIR] [--threshold T]"
 SPLIT_HINT = "pass --data DIR with the client-<k>.npz files `driftfl split` wrote"
 
 
 def shipped_sets(run_dir: Path) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """Every client's shipped set in the run directory, by client name (``client_<name>``)."""
+    """Every client's shipped set in the run directory, by client name (``client_<name>``);
+    each file's arrays are checked by the shapes they declare before any is loaded."""
     found = {}
     for path in sorted((run_dir / "images").glob("client_*.npz")):
         try:
-            with np.load(path, allow_pickle=False) as arrays:
+            data = read_bytes(path, MAX_SHIPPED_BYTES)
+            declared = npz_arrays(io.BytesIO(data), MAX_SHIPPED_BYTES)
+            if problem := unlike_a_set(declared):
+                raise UnsafeFile(problem)
+            with np.load(io.BytesIO(data), allow_pickle=False) as arrays:
                 found[path.stem.removeprefix("client_")] = (arrays["x"], arrays["y"])
+        except UnsafeFile as err:
+            raise ConfigError(f"{path} {str(err).removeprefix(f'{path} ')}; driftfl audit "
+                              "reads only the sets a run wrote") from None
         except (OSError, ValueError, KeyError) as err:
             raise ConfigError(f"cannot read {path}: {err}") from None
     return dict(sorted(found.items(), key=lambda item: _order(item[0])))
+
+
+def unlike_a_set(declared: dict) -> str | None:
+    """Why arrays of these declared shapes are no shipped set (None: they are one): images x
+    (N, H, W) or (N, H, W, C) of at most MAX_SHIPPED_IMAGES, labels y (N,)."""
+    if set(declared) != {"x", "y"}:
+        return "does not hold exactly the arrays x and y"
+    (x_shape, _), (y_shape, _) = declared["x"], declared["y"]
+    if len(x_shape) not in (3, 4) or y_shape != x_shape[:1]:
+        return (f"declares images of shape {list(x_shape)} and labels of shape "
+                f"{list(y_shape)}; a shipped set is (N, H, W[, C]) images and N labels")
+    if x_shape[0] > MAX_SHIPPED_IMAGES:
+        return (f"declares {x_shape[0]} images, more than the {MAX_SHIPPED_IMAGES} a client's "
+                "shipped set may hold")
+    return None
 
 
 def shipped_anything(run_dir: Path) -> bool:
@@ -50,13 +81,17 @@ def read_config(run_dir: Path) -> dict:
     import yaml
 
     config = run_dir / "config.yaml"
-    if not run_dir.is_dir() or not config.is_file():
+    if not run_dir.is_dir() or not (config.is_file() or config.is_symlink()):
         raise ConfigError(f"{run_dir} is not a run directory (no config.yaml); name a "
                           "directory `driftfl run` wrote")
     try:
-        return yaml.safe_load(config.read_text())
-    except yaml.YAMLError as err:
-        raise ConfigError(f"cannot read {config}: {err}") from None
+        return yaml.safe_load(read_text(config))
+    except UnsafeFile as err:
+        raise ConfigError(str(err)) from None
+    except yaml.YAMLError as err:  # where, never what: the file's lines are not echoed
+        mark = getattr(err, "problem_mark", None)
+        raise ConfigError(f"cannot read {config}: not YAML"
+                          + (f" (line {mark.line + 1})" if mark else "")) from None
 
 
 class PartitionData:
@@ -112,9 +147,11 @@ class FolderData:
 def client_counts(run_dir: Path) -> dict[str, int]:
     """Examples per client name as the run's partition.json recorded them (empty if absent)."""
     try:
-        clients = json.loads((run_dir / "partition.json").read_text())["clients"]
+        clients = json.loads(read_text(run_dir / "partition.json"))["clients"]
         return {str(c["partition_id"]): int(c["num_examples"]) for c in clients
                 if c.get("partition_id", -1) >= 0}
+    except UnsafeFile as err:
+        raise ConfigError(str(err)) from None
     except (OSError, ValueError, KeyError, TypeError):
         return {}
 
@@ -149,6 +186,11 @@ def audit(run_dir: Path, data_dir: Path | None = None, threshold: float = THRESH
     shipped = shipped_sets(run_dir)
     if not shipped:
         return None
+    try:  # before anything is measured or written
+        refuse_links(run_dir / "images", run_dir / "audit.json",
+                     *(run_dir / "images" / f"pairs_client_{name}.png" for name in shipped))
+    except UnsafeFile as err:
+        raise ConfigError(str(err)) from None
     real_of = real_data(run_dir, config, data_dir, experiment)
     real_of.check(list(shipped))
     out(f"condensed images each client shipped, against its own real images (Pearson "
@@ -165,16 +207,16 @@ def audit(run_dir: Path, data_dir: Path | None = None, threshold: float = THRESH
                 raise ConfigError(f"client {name}: {err}") from None
             leakage = summarise(correlation, threshold)
             pooled.append(correlation)
-            plot_pairs(x, y, real, index, correlation,
-                       run_dir / "images" / f"pairs_client_{name}.png",
-                       f"client {name}: {leakage.copies} of {leakage.images} shipped images "
-                       f"are near-copies", threshold)
+            with replaced_path(run_dir / "images" / f"pairs_client_{name}.png") as png:
+                plot_pairs(x, y, real, index, correlation, png,
+                           f"client {name}: {leakage.copies} of {leakage.images} shipped "
+                           f"images are near-copies", threshold)
         clients[name] = leakage.as_dict()
         out(f"  client {name}: {leakage.line()}")
     overall = summarise(np.concatenate(pooled) if pooled else np.zeros(0), threshold)
     out(f"  all clients: {overall.line().replace(' of this client', '')}")
     report = {"clients": clients, "overall": overall.as_dict()}
-    (run_dir / "audit.json").write_text(json.dumps(report, indent=2) + "\n")
+    write_text(run_dir / "audit.json", json.dumps(report, indent=2) + "\n")
     return report
 
 
@@ -191,7 +233,7 @@ def audit_after_run(run_dir: Path, experiment) -> None:
         summary_path = run_dir / "summary.json"
         summary = json.loads(summary_path.read_text())
         summary["condensed_leakage"] = report
-        summary_path.write_text(json.dumps(summary, indent=2) + "\n")
+        write_text(summary_path, json.dumps(summary, indent=2) + "\n")
     except Exception as err:
         reason = err if isinstance(err, ConfigError) else f"{type(err).__name__}: {err}"
         print(f"driftfl: warning: the audit of the shipped images failed: {reason} "

@@ -13,6 +13,11 @@ fedavg) is the one that differs only in the last ``--by`` key: with ``--by
 partition.name,label`` each partition races to its own FedAvg. Writes report.md, report.csv
 and report.png beside printing the table.
 
+The run directories may be someone else's: their files are read only as regular files within a
+cap (runs.py), no output is written through a symbolic link (one is refused before anything is
+written; each file is written anew and renamed into place), and a CSV cell a spreadsheet would
+run as a formula is quoted.
+
 This module: the options, checked before anything is written, and what it writes.
 """
 
@@ -26,11 +31,17 @@ import tempfile
 from pathlib import Path
 from typing import NoReturn
 
+from driftfl.common.untrusted import UnsafeFile, refuse_links, replaced, replaced_path, write_text
+
 from . import clients
 from .payloads import payload_table
 from .plot import plot
 from .runs import Run, find_runs, flatten, numbers
 from .table import group_runs, markdown, split_notes, summarise
+
+
+OUTPUTS = ("report.md", "report.csv", "payloads.csv", "report.png", "clients.png")
+FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
 
 
 def fail(message: str) -> NoReturn:
@@ -90,6 +101,23 @@ def writable(out: Path) -> None:
         fail(f"cannot write the report to {out} ({err.strerror or err}); choose another --out")
 
 
+def cell(value):
+    """A CSV cell a spreadsheet shows as text: one starting with = + - @ (or a tab or a carriage
+    return) would be run as a formula (a run's label is anyone's text), so it gets a leading
+    single quote (OWASP's rule); a plain number, negative ones too, stays as it is."""
+    if isinstance(value, str) and value[:1] in FORMULA_START:
+        try:
+            float(value)
+        except ValueError:
+            return "'" + value
+    return value
+
+
+def write_csv(path: Path, rows: list[list]) -> None:
+    with replaced(path, newline="") as f:
+        csv.writer(f).writerows([[cell(v) for v in row] for row in rows])
+
+
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(prog="driftfl report",
                                      description=__doc__.split("\n\n")[0])
@@ -112,7 +140,10 @@ def main(argv: list[str]) -> None:
     metrics = tuple(names(args.metrics, "--metrics", "logit_shift") if args.metrics else ())
     if missing := [str(p) for p in args.paths if not p.exists()]:
         fail(f"no such directory: {', '.join(missing)}")
-    runs, unfinished = find_runs(args.paths)
+    try:
+        runs, unfinished = find_runs(args.paths)
+    except UnsafeFile as err:
+        fail(str(err))
     if not runs:
         fail(f"no completed run with a trained round (metrics.json + summary.json) under "
              f"{', '.join(str(p) for p in args.paths)}")
@@ -123,6 +154,10 @@ def main(argv: list[str]) -> None:
         fail(f"no run records {', '.join(unknown)}; the runs record {', '.join(sorted(recorded))}")
     out = args.out or args.paths[0]
     writable(out)
+    try:
+        refuse_links(*(out / name for name in OUTPUTS))
+    except UnsafeFile as err:
+        fail(str(err))
 
     groups = group_runs(runs, by)
     shown = [g for g in groups if keep is None or g.key[-1] in keep]
@@ -133,15 +168,15 @@ def main(argv: list[str]) -> None:
         table += "\n\n" + markdown(payload_header, payload_rows)
     notes = split_notes(shown, by) + missing_notes + older_notes
     try:
-        (out / "report.md").write_text("\n\n".join([table, *notes]) + "\n")
-        with open(out / "report.csv", "w", newline="") as f:
-            csv.writer(f).writerows([header, *rows])
+        write_text(out / "report.md", "\n\n".join([table, *notes]) + "\n")
+        write_csv(out / "report.csv", [header, *rows])
         if payload_rows:
-            with open(out / "payloads.csv", "w", newline="") as f:
-                csv.writer(f).writerows([payload_header, *payload_rows])
-        plot(shown, out / "report.png")
+            write_csv(out / "payloads.csv", [payload_header, *payload_rows])
+        with replaced_path(out / "report.png") as png:
+            plot(shown, png)
         if clients.recorded(shown):  # per-client evaluation: who is left behind, per round
-            clients.plot_spread(shown, out / "clients.png")
+            with replaced_path(out / "clients.png") as png:
+                clients.plot_spread(shown, png)
     except OSError as err:
         fail(f"cannot write the report to {out} ({err.strerror or err}); choose another --out")
     print(table + "".join(f"\n{note}" if i else f"\n\n{note}" for i, note in enumerate(notes)))

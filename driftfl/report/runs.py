@@ -12,6 +12,7 @@ from pathlib import Path
 import yaml
 
 from driftfl.common.settings import OPERATIONAL
+from driftfl.common.untrusted import UnsafeFile, read_text
 
 # settings in which the runs of one row may differ: the seed (a row averages over it) and those
 # that change how a run is carried out, not what it computes (where Ray ran its clients, the
@@ -82,7 +83,7 @@ def find_runs(paths: list[Path]) -> tuple[list[Run], list[Path]]:
             folder = metrics.parent
             try:
                 path = folder / "summary.json"
-                summary = _read(path, json.loads) if path.is_file() else {}
+                summary = _read(path, json.loads) if path.is_file() or path.is_symlink() else {}
                 if summary.get("status") != "completed":
                     unfinished.append(folder)
                     continue
@@ -91,16 +92,27 @@ def find_runs(paths: list[Path]) -> tuple[list[Run], list[Path]]:
                 if not run.trained:
                     raise ValueError("it has no trained round (only round 0)")
                 runs.append(run)
+            except UnsafeFile:
+                raise  # not a file a run wrote: the report refuses it (command.py)
             except ValueError as err:
                 print(f"driftfl report: warning: skipping {folder}: {err}", file=sys.stderr)
     return runs, unfinished
 
 
 def _read(path: Path, parse):
-    """``path`` parsed into a mapping; ValueError names the file and what is wrong with it."""
+    """``path`` parsed into a mapping; ValueError names the file and what is wrong with it
+    (where, never what: its lines are not echoed); UnsafeFile for a link, a device or a file
+    larger than any run writes."""
+    text = read_text(path)
     try:
-        data = parse(path.read_text())
-    except (OSError, ValueError, yaml.YAMLError) as err:
+        data = parse(text)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"cannot read {path.name} (not JSON: line {err.lineno})") from None
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        raise ValueError(f"cannot read {path.name} (not YAML"
+                         + (f": line {mark.line + 1})" if mark else ")")) from None
+    except (OSError, ValueError) as err:
         raise ValueError(f"cannot read {path.name} ({err})") from None
     if not isinstance(data, dict):
         raise ValueError(f"{path.name} holds no mapping")

@@ -8,7 +8,11 @@ overrides the run was started with, and ends with the same model and rows as the
 not interrupted (``rounds=N`` extends it).
 
 The file holds arrays and JSON only (``treefile``: a NumPy archive read without pickle), so
-reading it runs nothing. Before anything runs, a checkpoint is checked against the experiment
+reading it runs nothing. It ends in an HMAC tag over its bytes whose key lives outside the run
+directory (seal.py): a checkpoint changed after driftfl wrote it (a model, a metrics row, the
+DP accountant's state) or written under another machine's key is refused unread; so is one
+whose arrays declare more bytes than the experiment can need (``size_limit``), before any is
+inflated. Before anything runs, a checkpoint is checked against the experiment
 and against a freshly built model and strategy: the model's arrays must have their names,
 shapes and dtypes and be finite; the strategy state must be what a strategy of this experiment
 keeps, attribute for attribute, of the same types (arrays: dtypes and shapes). A strategy's
@@ -39,7 +43,9 @@ from driftfl.common.errors import ConfigError
 from driftfl.common.protocol import model_to_arrays
 from driftfl.common.settings import OPERATIONAL
 
-from . import treefile
+from driftfl.common.untrusted import UnsafeFile, read_bytes
+
+from . import seal, treefile
 
 CHECKPOINT = "checkpoint.pt"
 FORMAT = "driftfl checkpoint"
@@ -61,7 +67,7 @@ ADVICE = "resume another run directory, or run without resume= to start afresh"
 def save(run_dir: Path, server_round: int, arrays: dict[str, np.ndarray], strategy,
          rows: list[dict], recorded: dict, seconds: float, cfg: ExperimentConfig) -> None:
     """Write the checkpoint after ``server_round``; atomic (a kill mid-write keeps the last)."""
-    treefile.write(Path(run_dir) / CHECKPOINT, {
+    treefile.write(Path(run_dir) / CHECKPOINT, seal=seal.seal, tree={
         "format": FORMAT, "version": VERSION, "round": server_round,
         "config": cfg.model_dump(mode="json"), "arrays": arrays,
         "strategy": state_of(strategy),
@@ -70,16 +76,40 @@ def save(run_dir: Path, server_round: int, arrays: dict[str, np.ndarray], strate
         "rows": rows, "recorded": recorded, "seconds": seconds})
 
 
+def size_limit(model: nn.Module) -> int:
+    """Bytes the arrays of a checkpoint of ``model``'s experiment may declare: the model 64
+    times over (teachers, buffers, control variates, FedCurv's sums, ...) or 1 GiB, whichever
+    is more. A file declaring more is refused before anything in it is inflated."""
+    return max(treefile.LIMIT, 64 * sum(p.numel() * p.element_size()
+                                        for p in model.state_dict().values()))
+
+
+def read(path: Path, limit: int) -> Any:
+    """The tree of the checkpoint at ``path`` once its tag verifies (seal.py) and its arrays
+    declare at most ``limit`` bytes; UnreadableTree says why not."""
+    try:
+        data = read_bytes(path, limit + treefile.SLACK)
+    except UnsafeFile as err:
+        raise treefile.UnreadableTree(str(err).removeprefix(f"{path} ")) from None
+    except OSError as err:
+        raise treefile.UnreadableTree(f"cannot be read ({err.strerror or err})") from None
+    treefile.sniff(data)  # a pickle is named as one, tag or not
+    try:
+        return treefile.loads(seal.unseal(data), limit)
+    except seal.Unsealed as err:
+        raise treefile.UnreadableTree(str(err)) from None
+
+
 def load(run_dir: Path, cfg: ExperimentConfig, model: nn.Module, strategy) -> dict:
     """The checkpoint of ``run_dir``, once it is known to be a checkpoint of this experiment
     that fits ``model`` and ``strategy`` (both freshly built for it); ConfigError says in one
     line why it cannot be resumed."""
     path = Path(run_dir) / CHECKPOINT
-    if not path.is_file():
+    if not (path.is_file() or path.is_symlink()):  # a link: refused as one by read
         raise ConfigError(f"cannot resume {run_dir}: it has no {CHECKPOINT} (a run writes one "
                           "after every round; choose the run directory of a stopped run)")
     try:
-        state = treefile.read(path)
+        state = read(path, size_limit(model))
     except treefile.UnreadableTree as err:
         raise ConfigError(f"cannot resume {run_dir}: its {CHECKPOINT} {err}; {ADVICE}") from None
     if problem := malformed(state):

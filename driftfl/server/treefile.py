@@ -11,57 +11,93 @@ are; every JSON object is a tag, so that what JSON lacks comes back exactly:
     {"tensor": "a5"}                 a torch tensor (on the CPU)
     {"arrayrecord": {"dict": ...}}   a Flower ArrayRecord (FedAvgM keeps one)
 
-Reading refuses anything else (a pickled object, an object array, an unknown tag) with
-UnreadableTree.
+Reading refuses anything else (a pickled object, an object array, an unknown tag, a compressed
+member, arrays that declare more bytes than the reader allows) with UnreadableTree; sizes are
+checked from the archive's directory and the arrays' headers before anything is inflated.
 """
 
 from __future__ import annotations
 
+import io
 import json
-import os
+import zipfile
 from collections import deque
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
 from flwr.app import Array, ArrayRecord
 
+from driftfl.common.untrusted import UnsafeFile, npz_arrays, read_bytes, replaced
+
 TREE = "tree"  # the archive member that holds the JSON document
 PICKLE = 0x80  # the first byte of a pickle (protocol 2 and later)
 NEVER_UNPICKLED = "pickle, which is never loaded (loading one can run any code)"
+LIMIT = 2**30  # bytes all arrays of a tree may declare, unless the reader knows better
+SLACK = 2**20  # the archive's own bytes (headers, the directory, a tag) beyond its arrays'
 
 
 class UnreadableTree(ValueError):
     """The file is not a tree this module wrote (the message says why, in a few words)."""
 
 
-def write(path: Path, tree: Any) -> None:
-    """``tree`` to ``path``, atomically (a kill mid-write keeps the file that was there)."""
+def dumps(tree: Any) -> bytes:
+    """``tree`` as the bytes of its file."""
     arrays: dict[str, np.ndarray] = {}
     document = json.dumps(_encode(tree, arrays)).encode()
-    partial = Path(f"{path}.partial")
-    with open(partial, "wb") as f:  # a file object: np.savez adds no .npz to the name
-        np.savez(f, **{TREE: np.frombuffer(document, np.uint8)}, **arrays)
-    os.replace(partial, path)
+    buffer = io.BytesIO()
+    np.savez(buffer, **{TREE: np.frombuffer(document, np.uint8)}, **arrays)
+    return buffer.getvalue()
 
 
-def read(path: Path) -> Any:
-    """The tree ``write`` wrote to ``path``; UnreadableTree when it is not one."""
+def write(path: Path, tree: Any, seal: Callable[[bytes], bytes] = bytes) -> None:
+    """``tree`` to ``path`` (its bytes through ``seal``), atomically: a kill mid-write keeps
+    the file that was there, and a link at ``path`` is replaced, never written through."""
+    data = seal(dumps(tree))
+    with replaced(Path(path), "wb") as f:
+        f.write(data)
+
+
+def read(path: Path, limit: int = LIMIT) -> Any:
+    """The tree ``write`` wrote to ``path`` (a tag after it is ignored: checkpoint.py checks
+    it); UnreadableTree when it is not one, or declares more than ``limit`` bytes."""
     try:
-        with open(path, "rb") as f:
-            start = f.read(2)
-        if not start:
-            raise UnreadableTree("is empty")
-        if start[0] == PICKLE:
-            raise UnreadableTree(f"is a {NEVER_UNPICKLED}")
-        loaded = np.load(path, allow_pickle=False)
+        data = read_bytes(Path(path), limit + SLACK)
+    except UnsafeFile as err:
+        raise UnreadableTree(str(err).removeprefix(f"{path} ")) from None
+    return loads(data, limit)
+
+
+def sniff(data: bytes) -> None:
+    """UnreadableTree for what is never read at all: nothing, a pickle, PyTorch's zip."""
+    if not data:
+        raise UnreadableTree("is empty")
+    if data[0] == PICKLE:
+        raise UnreadableTree(f"is a {NEVER_UNPICKLED}")
+    try:
+        with zipfile.ZipFile(io.BytesIO(data)) as archive:  # the central directory only
+            names = archive.namelist()
+    except (zipfile.BadZipFile, ValueError, OSError):
+        return  # loads says why
+    if f"{TREE}.npy" not in names and any(n.endswith(".pkl") for n in names):
+        raise UnreadableTree("is in PyTorch's format (as earlier driftfl wrote it), a "
+                             f"zipped {NEVER_UNPICKLED}")
+
+
+def loads(data: bytes, limit: int = LIMIT) -> Any:
+    """The tree of a file's bytes; every member's declared size is checked (against
+    ``limit``, together) before any is inflated."""
+    sniff(data)
+    try:
+        npz_arrays(io.BytesIO(data), limit, compressed=False)
+    except UnsafeFile as err:
+        raise UnreadableTree(str(err)) from None
+    try:
+        loaded = np.load(io.BytesIO(data), allow_pickle=False)
         if not isinstance(loaded, np.lib.npyio.NpzFile):
             raise UnreadableTree("is a single array, not an archive")
         with loaded as archive:
-            if TREE not in archive.files and any(n.endswith(".pkl") for n in archive.files):
-                raise UnreadableTree("is in PyTorch's format (as earlier driftfl wrote it), a "
-                                     f"zipped {NEVER_UNPICKLED}")
             document = _array(archive, TREE)
             if document.dtype != np.uint8 or document.ndim != 1:
                 raise UnreadableTree("has a tree that is not a JSON document")

@@ -21,7 +21,7 @@ from conftest import driftfl_bin
 from driftfl.common.config import compose
 from driftfl.common.errors import ConfigError
 from driftfl.methods import build_strategy
-from driftfl.server import checkpoint, treefile
+from driftfl.server import checkpoint, seal, treefile
 from driftfl.server.app import run_experiment
 from driftfl.server.experiment import prepare_experiment
 from test_methods import InProcessGrid
@@ -73,8 +73,8 @@ def rewrite(run_dir: Path, change) -> Path:
     path = run_dir / checkpoint.CHECKPOINT
     tree = treefile.read(path)
     change(tree)
-    treefile.write(path, tree)
-    return run_dir
+    treefile.write(path, tree, seal.seal)  # sealed with this machine's key: only the checks
+    return run_dir                         # below the tag (test_checkpoint_integrity) refuse it
 
 
 def set_first_array(value: float):
@@ -103,7 +103,7 @@ def write_bytes(make):
 
 
 def write_tree(run_dir: Path, tree) -> Path:
-    treefile.write(run_dir / checkpoint.CHECKPOINT, tree)
+    treefile.write(run_dir / checkpoint.CHECKPOINT, tree, seal.seal)
     return run_dir
 
 
@@ -113,8 +113,8 @@ def rewrite_with(change):
 
 TAMPERED = {
     "truncated": (write_bytes(lambda p: p.read_bytes()[:p.stat().st_size // 2]),
-                  r"its checkpoint.pt cannot be read \(.*\): truncated, or not written by "
-                  r"driftfl"),
+                  r"its checkpoint.pt has no integrity tag: it is truncated, or was not "
+                  r"written by this driftfl"),
     "empty": (write_bytes(lambda p: b""), r"its checkpoint.pt is empty"),
     "not a dict": (lambda run_dir: write_tree(run_dir, [1, 2]),
                    r"its checkpoint.pt is not a driftfl checkpoint"),

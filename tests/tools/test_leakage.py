@@ -198,8 +198,8 @@ def test_after_a_run_the_audit_goes_into_the_summary_and_a_failure_is_only_a_war
     audit_after_run(run_dir, None)
     assert json.loads((run_dir / "summary.json").read_text()) == {"status": "completed"}
     err = capsys.readouterr().err
-    assert err.startswith("driftfl: warning: the audit of the shipped images failed: cannot "
-                          f"read {run_dir / 'images' / 'client_1.npz'}"), err
+    assert err.startswith("driftfl: warning: the audit of the shipped images failed: "
+                          f"{run_dir / 'images' / 'client_1.npz'} is not an .npz archive"), err
 
     for path in (run_dir / "images").glob("client_*.npz"):  # a run that shipped nothing
         path.unlink()
