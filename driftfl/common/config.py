@@ -105,7 +105,7 @@ class ExperimentConfig(Settings):
     trust: Literal["auto", "clients", "none"] = "auto"
     # trust=none: each client's update and payload is moved to within this many times the
     # round's lower median distance of the clients' coordinate-wise median
-    clip_ratio: float = Field(1.0, ge=1)
+    clip_ratio: float = Field(1.0, gt=0)
     # a client whose replies are rejected this many rounds in a row is excluded from the rest
     # of the run (named once, in summary.json's ``excluded``); 0: never
     exclude_after: int = Field(3, ge=0, le=MANY)

@@ -339,6 +339,8 @@ class DriftStrategy(FedAvg):
         self.guard.log_starved(report)
         self.guard.count_offences(report, answered)
         updates = self.guard.capped(updates)
+        if updates:  # trust=none: each model within its bound of the round's others
+            updates = self.aggregation.bound_updates(updates, self.global_arrays)
         report.clients = len(updates)
         self.last_updates = updates
         return updates

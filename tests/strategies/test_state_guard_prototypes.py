@@ -250,7 +250,8 @@ def fedproto_run(attack: str | None, guarded: bool = True, rounds: int = 4) -> f
         arrays = result if result is not None else arrays
         if guarded:  # no honest partition is ever blamed; the ghost attacker always is
             assert set(strategy.report.rejected_partitions) <= {"0"}
-            assert strategy.report.rejected_partitions == ["0"] or attack != "ghost"
+            assert (strategy.report.rejected_partitions == ["0"] or attack != "ghost"
+                    or "0" in strategy.clients.excluded)  # excluded after exclude_after rounds
     d = experiment.data
     test = to_tensors(d.test_x, d.test_y, d.mean, d.std)
     net = copy.deepcopy(model)

@@ -73,7 +73,9 @@ class FedDyn(DriftStrategy):
         if arrays is None or self.alpha == 0:
             return arrays, metrics
         old = self.h or {k: np.zeros(self.global_arrays[k].shape) for k in self.param_keys}
-        if self.aggregation.robust:  # an outlying model moves h as little as the aggregate
+        if self.aggregation.robust and not self.aggregation.bounds_updates:
+            # an outlying model moves h as little as the aggregate (a rule that bounds the
+            # models themselves has done so: the paper's formula then takes them)
             moves = [{k: u.arrays[k].astype(np.float64) - self.global_arrays[k] for k in old}
                      for u in self.last_updates]
             combined = self.aggregation.combine(moves, np.ones(len(moves)))

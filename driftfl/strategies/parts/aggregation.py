@@ -207,6 +207,9 @@ class Aggregation:
     # what the rule needs of each client's own update ("": nothing): DP's noise is calibrated
     # to the plain sum, and secure aggregation shows only the sum (driftfl.rules refuses both)
     individual: ClassVar[str] = ""
+    # the rule bounds each reply's model before anything uses it (``bound_updates``): a
+    # method's state made of the replies' models is then bounded with them
+    bounds_updates: ClassVar[bool] = False
 
     @classmethod
     def from_config(cls, cfg: ExperimentConfig, model: nn.Module) -> Aggregation:
@@ -251,6 +254,12 @@ class Aggregation:
         of the payloads given (some replies only: the holders of a class); {} when the rule
         keeps none of them."""
         return weighted_mean(payloads, weights)
+
+    def bound_updates(self, updates: list[ClientUpdate],
+                      global_arrays: dict[str, np.ndarray]) -> list[ClientUpdate]:
+        """The round's accepted replies, each model bounded as this rule bounds a client's
+        part, before the aggregate and any method state use them: as sent here."""
+        return updates
 
     def bound(self, payloads: list[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:
         """The round's payloads that a method keeps per client rather than combines

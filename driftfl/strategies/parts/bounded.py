@@ -67,6 +67,7 @@ class BoundedAggregation(Aggregation):
     moved to within ``clip_ratio`` x the round's lower median distance of their median."""
 
     robust = True  # payloads are combined here too, each client's bounded alike
+    bounds_updates = True  # the replies' models are bounded before anything uses them
     individual = "bounding each client's influence needs every client's individual update"
     name = "bounded"
 
@@ -87,15 +88,17 @@ class BoundedAggregation(Aggregation):
     def weights(self, updates):
         return self.inner.weights(updates)
 
-    def aggregate(self, updates: list[ClientUpdate], global_arrays):
+    def bound_updates(self, updates: list[ClientUpdate], global_arrays):
         moves = [{k: u.arrays[k].astype(np.float64) - global_arrays[k] for k in global_arrays
                   if global_arrays[k].dtype.kind == "f"} for u in updates]
         bounded, factors = centred_clip(moves, self.clip_ratio)
         self.clipped = {u.node_id: f for u, f in zip(updates, factors) if f < 1.0}
-        kept = [u if f == 1.0 else replace(u, arrays={
+        return [u if f == 1.0 else replace(u, arrays={
             **u.arrays, **{k: (global_arrays[k] + m[k]).astype(u.arrays[k].dtype)
                            for k in m}}) for u, m, f in zip(updates, bounded, factors)]
-        return self.inner.aggregate(kept, global_arrays)
+
+    def aggregate(self, updates: list[ClientUpdate], global_arrays):
+        return self.inner.aggregate(updates, global_arrays)  # bounded in ``bound_updates``
 
     def combine(self, payloads, weights, among=None):
         return self.inner.combine(self.bound(payloads), weights, among)

@@ -60,21 +60,21 @@ def peer_outliers(norms: Sequence[float], ratio: float) -> tuple[list[int], floa
 def state_problem(new: Mapping[str, np.ndarray], old: Mapping[str, np.ndarray] | None,
                   ratio: float, floor: float = 0.0, scale: float | None = None) -> str | None:
     """Why ``new`` must not replace ``old`` (None: it may): a value not finite, or a move of more
-    than ``ratio`` x ``scale`` (the honest scale of one round's move: the lower median of what
+    than ``ratio`` x max(1, ||old||) (from zero when there is no old state yet) or, tighter,
+    than ``ratio`` x ``scale``: the honest scale of one round's move, the lower median of what
     the round's clients each contribute to it, so that a state starting at zero moves as far as
-    its clients do, not by ``ratio`` at once), or without a scale ``ratio`` x max(1, ||old||)
-    (from zero when there is no old state yet); or than ``floor`` where that is larger (what
+    its clients do, not by ``ratio`` at once; or than ``floor`` where that is larger (what
     differential privacy's noise may add)."""
     for key, value in new.items():
         if value.dtype.kind == "f" and not np.isfinite(value).all():
             return f"'{key}' would hold NaN or infinite values"
     base = old if old is not None else {k: np.zeros_like(v) for k, v in new.items()}
-    reference = scale if scale is not None else max(1.0, model_norm(base))
-    moved, bound = update_norm(new, base), max(ratio * reference, floor)
+    reference = max(1.0, model_norm(base))
+    honest = scale is not None and scale < reference
+    moved, bound = update_norm(new, base), max(ratio * (scale if honest else reference), floor)
     if not moved <= bound:
-        what = "the round's median contribution" if scale is not None else "max(1, its norm)"
-        return (f"it would move by {moved:.3g}, over the bound {bound:.3g} (max_update_ratio x "
-                f"{what})")
+        what = " x the round's median contribution" if honest else ""
+        return f"it would move by {moved:.3g}, over the bound {bound:.3g} (max_update_ratio{what})"
     return None
 
 
@@ -150,13 +150,17 @@ class ReplyGuard:
 
     def count_offences(self, report, answered: set[int]) -> None:
         """After a round's replies are checked: a client whose reply was rejected (not for want
-        of a resource) has one more round in a row against it, one that replied and was used
-        none; at ``exclude_after`` it is excluded from the rest of the run, named once."""
+        of a resource) while most of the round's replies were used has one more round in a row
+        against it, one that replied and was used none; at ``exclude_after`` it is excluded
+        from the rest of the run, named once. A round that rejects half its replies or more
+        counts against nobody: its model, not its clients, is then the likely cause (honest
+        clients whose model another client broke must not be blamed for it)."""
         if not self.exclude_after:
             return
+        outliers = set(report.offenders) if 2 * len(report.offenders) < len(answered) else set()
         for node in answered:
             name = self.clients.name(node)
-            if node not in report.offenders:
+            if node not in outliers:
                 self.strikes.pop(name, None)
                 continue
             self.strikes[name] = self.strikes.get(name, 0) + 1
