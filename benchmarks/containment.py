@@ -181,26 +181,30 @@ def final_accuracy(overrides: list[str], attacked: bool | str) -> tuple[float, d
 
     cfg, model, strategy, grid, record = in_process_federation(overrides)
     grid = AttackedGrid(grid, Attacker(cfg, strategy) if attacked is True else attacked or None)
-    seen = {"rejected": 0, "refused_state": 0, "not_updated": 0}
+    seen = {"rejected": 0, "refused_state": 0, "not_updated": 0, "accuracy_by_round": []}
+    data = load_dataset(cfg.dataset)  # test_subset applies to the test set
+    x, y = to_tensors(data.test_x, data.test_y, data.mean, data.std)
+    tester = copy.deepcopy(model)
+
+    def accuracy(arrays) -> float:
+        if not all(np.isfinite(v).all() for v in arrays.values() if v.dtype.kind == "f"):
+            return 0.0
+        tester.load_state_dict({k: torch.from_numpy(v.copy()) for k, v in arrays.items()})
+        return evaluate(tester, x, y, 1000, data.num_classes)[1]
 
     def count(server_round, arrays):  # Flower's evaluate_fn: after every round's aggregation
         report = strategy.report
         seen["rejected"] += len(report.rejected)
         seen["refused_state"] += len(report.refused_state)
         seen["not_updated"] += server_round > 0 and not report.model_updated
+        seen["accuracy_by_round"].append(round(accuracy(to_numpy(arrays)), 4))
         return None
 
     result = strategy.start(grid=grid, initial_arrays=model_to_arrays(model),
                             num_rounds=cfg.rounds, train_config=record,
                             evaluate_config=ConfigRecord(dict(record)), evaluate_fn=count)
-    final = to_numpy(result.arrays)
-    if not all(np.isfinite(v).all() for v in final.values() if v.dtype.kind == "f"):
-        return 0.0, seen
-    model.load_state_dict({k: torch.from_numpy(v.copy()) for k, v in final.items()})
-    data = load_dataset(cfg.dataset)  # test_subset applies to the test set
-    x, y = to_tensors(data.test_x, data.test_y, data.mean, data.std)
     seen["excluded"] = list(strategy.clients.excluded)
-    return evaluate(model, x, y, 1000, data.num_classes)[1], seen
+    return accuracy(to_numpy(result.arrays)), seen
 
 
 def containment(methods, clients, seeds, out: Path) -> None:

@@ -80,3 +80,33 @@ def outsized(new: list[np.ndarray], store: dict[int, tuple[np.ndarray, np.ndarra
     return {k: f"its condensed set's largest image norm {size:.3g} is over "
                f"max_peer_ratio={ratio:g} x the median {median:.3g} of the sets known"
             for k, size in enumerate(sizes) if not size <= ratio * median}
+
+
+def image_norms(images: np.ndarray) -> np.ndarray:
+    return np.sqrt(np.square(images.reshape(len(images), -1), dtype=np.float64).sum(axis=1))
+
+
+def bounded_sets(new: list[np.ndarray], store: dict[int, tuple[np.ndarray, np.ndarray]],
+                 ratio: float) -> list[np.ndarray]:
+    """Where clients are not trusted (trust=none): each new set's images scaled down to at most
+    ``ratio`` x the lower median image norm of the stored and the new sets, so that no client's
+    images outweigh the others' in the server's pre-training or another client's fine-tuning
+    by their size (what they show is the client's own: a set with wrong labels stays wrong)."""
+    known = [image_norms(images) for images in new] + [
+        image_norms(images) for images, _ in store.values()]
+    tau = ratio * guard.nonzero_lower_median(np.concatenate(known).tolist() if known else [])
+    out = []
+    for images, norms in zip(new, known):
+        factors = np.minimum(1.0, tau / np.where(norms > 0, norms, np.inf))
+        out.append(images if (factors == 1.0).all() else (
+            images * factors.reshape(-1, *[1] * (images.ndim - 1))).astype(images.dtype))
+    return out
+
+
+def copied_head(classifier: np.ndarray, sent: np.ndarray | None) -> str | None:
+    """Why a classifier cannot be compared with the others (None: it can): it is the head its
+    client was sent, unchanged, so it did not train, and its CKA row of 0 would make it every
+    group's most complementary client."""
+    if sent is not None and np.array_equal(classifier, sent):
+        return "its classifier is the head it was sent, unchanged: it did not train"
+    return None

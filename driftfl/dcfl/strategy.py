@@ -49,7 +49,8 @@ from driftfl.strategies.parts.aggregation import ClientUpdate, to_numpy, to_reco
 from driftfl.strategies.base import DriftStrategy, StrategySettings
 from driftfl.dcfl.cka import (cka_input, complementary_group, keep_lowest_loss, linear_cka,
                               offdiagonal, selection_tv)
-from driftfl.dcfl.condensed import check_condensed, check_pretrain_reply, outsized
+from driftfl.dcfl.condensed import (bounded_sets, check_condensed, check_pretrain_reply,
+                                    copied_head, outsized)
 from driftfl.strategies.parts.selection import EXPLORED_CLIENTS, ExploredClients
 
 
@@ -205,10 +206,17 @@ class DCFL(DriftStrategy):
             checked = [check_pretrain_reply(r, self.image_shape, head, self.ipc,
                                             self.clients.histograms.get(r.metadata.src_node_id))
                        for r in replies]
+            for k, result in enumerate(checked):
+                if not isinstance(result, str) and (copied := copied_head(
+                        result[0], self.global_arrays.get("head.weight"))):
+                    checked[k] = copied
             sets = [k for k, c in enumerate(checked) if not isinstance(c, str)]
             for k, reason in outsized([checked[k][1] for k in sets], self.store,
                                       self.max_peer_ratio).items():
                 checked[sets[k]] = reason
+            sets = [k for k, c in enumerate(checked) if not isinstance(c, str)]
+            for k, images in zip(sets, self.bounded([checked[k][1] for k in sets])):
+                checked[k] = (checked[k][0], images, *checked[k][2:])
             refused = []
             for reply, result in zip(replies, checked):
                 if isinstance(result, str):
@@ -346,14 +354,29 @@ class DCFL(DriftStrategy):
             if received and self.finetune.epochs else "")
 
     def screen(self, updates: list[ClientUpdate]) -> list[ClientUpdate]:
-        """The new condensed sets against the stored ones and each other (condensed.outsized)."""
+        """The new condensed sets against the stored ones and each other (condensed.outsized),
+        and a classifier that did not move (condensed.copied_head)."""
         new = [u for u in updates if u.node_id in self.asked]
         bad = outsized([self.checked_sets[u.node_id][0] for u in new], self.store,
                        self.max_peer_ratio)
+        for k, u in enumerate(new):
+            if k not in bad and (copied := copied_head(u.arrays["head.weight"],
+                                                       self.global_arrays.get("head.weight"))):
+                bad[k] = copied
         for k, reason in bad.items():
             self.guard.refuse_reply(self.report, new[k].node_id, reason)
         dropped = {new[k].node_id for k in bad}
+        kept = [u for u in new if u.node_id not in dropped]
+        for u, images in zip(kept, self.bounded([self.checked_sets[u.node_id][0] for u in kept])):
+            self.checked_sets[u.node_id] = (images, self.checked_sets[u.node_id][1])
         return [u for u in updates if u.node_id not in dropped]
+
+    def bounded(self, sets: list[np.ndarray]) -> list[np.ndarray]:
+        """The arriving sets' images, bounded where the aggregation bounds the clients' parts
+        (trust=none: condensed.bounded_sets); as sent otherwise."""
+        if not self.aggregation.bounds_updates:
+            return sets
+        return bounded_sets(sets, self.store, self.aggregation.clip_ratio)
 
     def accept(self, replies) -> list[ClientUpdate]:
         updates = super().accept(replies)

@@ -119,7 +119,7 @@ def where_unbounded(cfg, aggregation: Aggregation) -> str:
     client's data decide another's part, outside the mechanism), secure aggregation shows no
     client's own update, a robust rule was chosen."""
     if cfg.privacy.enabled:
-        return (f"privacy={cfg.privacy.mode}: each client's influence is bounded by the clip "
+        return (f"privacy={cfg.privacy.name}: each client's influence is bounded by the clip "
                 f"({cfg.privacy.clip:g})")
     if cfg.secagg.enabled:
         return ("secagg=secaggplus: the server sees no client's own update; each masked "
@@ -146,9 +146,9 @@ def trust_line(cfg, aggregation: Aggregation, deployed: bool) -> str:
         return ("driftfl: warning: trust=clients: each method averages as its paper does, so "
                 "one client inside the checks can steer the model and the method's state; "
                 "trust=none (the default here) bounds each client's influence")
-    how = where_unbounded(cfg, aggregation)
-    if how:
-        return f"driftfl: clients not trusted (trust={cfg.trust}); {how}"
+    if not isinstance(aggregation, BoundedAggregation):
+        return (f"driftfl: clients not trusted (trust={cfg.trust}); "
+                f"{where_unbounded(cfg, aggregation)}")
     return (f"driftfl: clients not trusted (trust={cfg.trust}): each client's update and every "
             f"payload that feeds the method's state are moved to within {cfg.clip_ratio:g} x "
             "the round's median distance of the clients' median before the method's own "
