@@ -20,6 +20,9 @@ pointed against learning:
   peer bound, and a classifier that is the head it was sent (so its CKA row is 0: the most
   complementary client of every group).
 
+Under ``privacy=distributed`` (``--set privacy=distributed ...``) the model push is 0.95 x
+what the server lets a client send (its clip plus its noise share's reach), skipping both.
+
 ``--cost`` measures instead what trust=none costs honest runs: Dirichlet(0.1) and #C=2, over
 seeds. Every client runs the real ClientApp in this process (benchmarks/_runs.py), the strategy is
 the real one, and the accuracy is the final model's on the test set.
@@ -120,11 +123,15 @@ class Attacker:
         return reply
 
     def push(self, g, own):
-        """Its own update reversed, at 0.9 x the smaller bound it can see."""
+        """Its own update reversed, at 0.9 x the smaller bound it can see (under
+        privacy=distributed, where no peer screen runs: 0.95 x what the server lets a client
+        send, its clip plus its noise share's reach, skipping both)."""
         cfg = self.cfg
         u = {k: own[k].astype(np.float64) - g[k] for k in g if g[k].dtype.kind == "f"}
         size = norm(u)
         length = 0.9 * min(cfg.max_update_ratio * max(1.0, norm(g)), cfg.max_peer_ratio * size)
+        if cfg.privacy.name == "distributed":
+            length = 0.95 * self.strategy.release.reply_bound(self.strategy.facts())
         return {k: (g[k] - length * u[k] / size).astype(g[k].dtype) if k in u and size > 0
                 else own[k] for k in own}
 

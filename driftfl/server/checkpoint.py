@@ -55,7 +55,7 @@ VERSION = 3  # 1 was the pickle of earlier driftfl, refused unread; 2 kept the s
 # plan's assignments, drawn afresh from the seed each round; a DP release's diagnostics, kept in
 # the rows) or to one process (the roster holds the grid): made afresh, never saved
 TRANSIENT = frozenset({"train_messages", "last_updates", "report", "payload_sum", "released",
-                       "plan", "diagnostics"})
+                       "plan", "diagnostics", "clipped"})
 KEYS = ("format", "version", "round", "config", "arrays", "strategy", "rng", "rows",
         "recorded", "seconds")
 ROW_NUMBERS = ("round", "test_accuracy", "test_loss", "model_updated", "bytes_sent",

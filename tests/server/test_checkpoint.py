@@ -279,8 +279,9 @@ def test_settings_are_never_saved_and_parts_keep_only_their_state(fmnist_availab
         assert setting not in state, setting
     assert state["selection"] == {"last_exploited": []}  # its seed and epsilon are settings
     assert {"store", "explored", "matrix", "started", "clients"} <= set(state)
-    assert set(state["clients"]) == {"node_rank", "surveyed", "histograms"}
-    assert not {"guard", "evaluation"} & set(state)  # their bounds and clients are settings
+    assert set(state["clients"]) == {"node_rank", "surveyed", "histograms", "excluded"}
+    assert state["guard"] == {"strikes": {}}  # rounds in a row a client was rejected (exclude_after)
+    assert "evaluation" not in state  # its bounds and clients are settings
     assert not {"report", "last_updates"} & set(state)  # one round's
 
 
