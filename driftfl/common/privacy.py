@@ -120,7 +120,9 @@ class SecAggSettings(Settings):
     # float in (0, 1] is that share of num_shares (at least 2); a client's neighbourhood may
     # lose all but this many
     reconstruction_threshold: int | float = 2
-    clipping_range: float = Field(8.0, gt=0)  # each coordinate of a weighted update, clipped
+    # each coordinate of a weighted update is clipped to +- this; auto: what an honest one can
+    # reach, the round's update bound (distributed DP: the clip plus the noise share's reach)
+    clipping_range: Literal["auto"] | float = "auto"
     quantization_range: int = Field(4_194_304, gt=0)  # ... and quantised to this many levels
     modulus_range: int = Field(4_294_967_296, gt=0, le=2**32)  # the masks' modulus: 2**n
     # the largest weight (example count) a client may carry, checked after the data survey; a
@@ -152,6 +154,9 @@ class SecAggSettings(Settings):
         if isinstance(threshold, float) and not 0 < threshold <= 1:
             raise ValueError(f"secagg.reconstruction_threshold={threshold} as a share must be "
                              "in (0, 1]")
+        if self.clipping_range != "auto" and not self.clipping_range > 0:
+            raise ValueError(f"secagg.clipping_range must be auto or > 0, got "
+                             f"{self.clipping_range}")
         if self.modulus_range <= self.quantization_range:
             raise ValueError(f"secagg.modulus_range={self.modulus_range} must be greater than "
                              f"secagg.quantization_range={self.quantization_range}")
