@@ -253,14 +253,18 @@ def secure_train_round(strategy: DriftStrategy, grid: Grid, settings: SecAggSett
         payload_sum = {name: part * weights * len(contents) for name, part in
                        zip(payload, mean[len(keys):], strict=True)}
         mean = mean[:len(keys)]
+    held = ""
     if mean is not None:
-        mean = _held_to(mean, secure_bound(strategy, released), server_round)
-        released.append(float(np.sqrt(sum(np.sum(v.astype(np.float64) ** 2) for v in mean))))
+        mean, held = _held_to(mean, secure_bound(strategy, released), bool(released))
+        released.append(_norm(mean))
     updates = [ClientUpdate(m.metadata.src_node_id, {}, read_metrics(m.content[METRICS]), m)
                for m in strategy.clients.in_order(wire.collected)]
     answered = {m.metadata.src_node_id for m in wire.collected} | set(wire.rejected)
     arrays, _ = strategy.aggregate_train(server_round, SecureSum(
         updates, dict(wire.rejected), answered, mean, payload_sum, halted))
+    if held:
+        log(WARNING, "round %d: %s", server_round, held)
+        strategy.report.held = held
     return arrays
 
 
@@ -300,15 +304,20 @@ def _run_protocol(workflow: SecAggPlusWorkflow, wire: _ScreeningGrid, context,
     return ""
 
 
-def _held_to(mean: list[np.ndarray], bound: float, server_round: int) -> list[np.ndarray]:
-    """The mean update scaled down to norm ``bound`` where it is longer."""
-    norm = float(np.sqrt(sum(np.sum(v.astype(np.float64) ** 2) for v in mean)))
+def _norm(arrays: list[np.ndarray]) -> float:
+    return float(np.sqrt(sum(np.sum(v.astype(np.float64) ** 2) for v in arrays)))
+
+
+def _held_to(mean: list[np.ndarray], bound: float, by_history: bool
+             ) -> tuple[list[np.ndarray], str]:
+    """The mean update scaled down to norm ``bound`` where it is longer, and how (in words)."""
+    norm = _norm(mean)
     if norm <= bound:
-        return mean
-    log(WARNING, "round %d: the secure update's norm %.3g exceeds the bound %.3g (%.3g x the "
-        "median of the updates released before, or the aggregate check's): scaled down to it",
-        server_round, norm, bound, GROWTH)
-    return [v * (bound / norm) for v in mean]
+        return mean, ""
+    why = (f"{GROWTH:g} x the median of the updates released before" if by_history
+           else "the aggregate check's bound")
+    return [v * (bound / norm) for v in mean], (
+        f"secure update scaled from norm {norm:.3g} to {bound:.3g} ({why})")
 
 
 def _quantised_ratio(num_examples: float, settings: SecAggSettings, max_weight: float,

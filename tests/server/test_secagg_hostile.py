@@ -198,3 +198,5 @@ def test_a_secure_update_is_held_to_the_honest_scale_of_the_rounds_released_befo
     assert norm == pytest.approx(step / 3, rel=1e-3)
     assert released[-1] == pytest.approx(step / 3, rel=1e-6)
     assert strategy.report.model_updated and strategy.report.rejected == []
+    assert strategy.report.held.startswith("secure update scaled from norm")
+    assert "3 x the median of the updates released before" in strategy.report.held
