@@ -57,13 +57,14 @@ from driftfl.common.errors import ConfigError
 from driftfl.common.privacy import SecAggSettings, float_keys
 from driftfl.common.protocol import CONFIG, LOCAL_STEPS, METRICS, NUM_EXAMPLES, PAYLOAD_SCALE
 from driftfl.strategies import DriftStrategy
-from driftfl.strategies.parts.aggregation import ClientUpdate, norm_bound, read_metrics
+from driftfl.strategies.parts.aggregation import (ClientUpdate, model_norm, norm_bound,
+                                                  read_metrics)
 from driftfl.strategies.parts.release import SecureSum
 
 from .secure_checks import in_range, shared_keys, stage_checks
 
-# a secure round's update may be at most this many times the median of the updates released
-# before it (honest rounds' updates shrink as training goes; a push cannot compound by more)
+# a secure round's update may be at most this many times the smallest update released before
+# it (honest rounds' updates shrink slowly as training goes)
 GROWTH = 3.0
 
 
@@ -187,16 +188,25 @@ def round_clipping_range(strategy: DriftStrategy, settings: SecAggSettings) -> f
         strategy.global_arrays, strategy.max_update_ratio)
 
 
-def secure_bound(strategy: DriftStrategy, released: list[float]) -> float:
-    """How far a secure round's update may move the model: the aggregate check's bound
-    (max_update_ratio x the model's norm, or the release's own), and once rounds were
-    released, at most GROWTH x the median norm of their updates (the honest scale: one client
-    cannot hide a push inside the masked sum, so the sum is held to what rounds before moved)."""
-    bound = strategy.release.aggregate_bound(strategy.facts()) or norm_bound(
-        strategy.global_arrays, strategy.max_update_ratio)
+def secure_bound(strategy: DriftStrategy, released: list[float]) -> tuple[float, str]:
+    """How far a secure round's update may move the model, and why (in words). The server
+    cannot see one client's update, so the sum is held to what it knows an honest round moves:
+    under distributed DP the release's bound (every honest update is clipped to C, so their
+    mean is within C plus the noise's reach); otherwise the model's own norm (max(1, ||w||):
+    an honest FedAvg round moves a fraction of it) and GROWTH x the smallest update released
+    before (honest rounds' updates shrink slowly as training goes), and never beyond the
+    aggregate check's bound. A push pinned at the bound every round leaves the smallest
+    released update, and so the bound, where it was: it does not compound."""
+    private = strategy.release.aggregate_bound(strategy.facts())
+    if private:
+        return private, "the release's bound: the clip plus the noise's reach"
+    bounds = {"the aggregate check's bound": norm_bound(strategy.global_arrays,
+                                                        strategy.max_update_ratio),
+              "the model's norm": max(1.0, model_norm(strategy.global_arrays))}
     if released:
-        bound = min(bound, GROWTH * float(np.median(released)))
-    return bound
+        bounds[f"{GROWTH:g} x the smallest update released before"] = GROWTH * min(released)
+    why = min(bounds, key=bounds.get)
+    return bounds[why], why
 
 
 def secure_train_round(strategy: DriftStrategy, grid: Grid, settings: SecAggSettings,
@@ -255,7 +265,7 @@ def secure_train_round(strategy: DriftStrategy, grid: Grid, settings: SecAggSett
         mean = mean[:len(keys)]
     held = ""
     if mean is not None:
-        mean, held = _held_to(mean, secure_bound(strategy, released), bool(released))
+        mean, held = _held_to(mean, *secure_bound(strategy, released))
         released.append(_norm(mean))
     updates = [ClientUpdate(m.metadata.src_node_id, {}, read_metrics(m.content[METRICS]), m)
                for m in strategy.clients.in_order(wire.collected)]
@@ -308,14 +318,11 @@ def _norm(arrays: list[np.ndarray]) -> float:
     return float(np.sqrt(sum(np.sum(v.astype(np.float64) ** 2) for v in arrays)))
 
 
-def _held_to(mean: list[np.ndarray], bound: float, by_history: bool
-             ) -> tuple[list[np.ndarray], str]:
+def _held_to(mean: list[np.ndarray], bound: float, why: str) -> tuple[list[np.ndarray], str]:
     """The mean update scaled down to norm ``bound`` where it is longer, and how (in words)."""
     norm = _norm(mean)
     if norm <= bound:
         return mean, ""
-    why = (f"{GROWTH:g} x the median of the updates released before" if by_history
-           else "the aggregate check's bound")
     return [v * (bound / norm) for v in mean], (
         f"secure update scaled from norm {norm:.3g} to {bound:.3g} ({why})")
 
