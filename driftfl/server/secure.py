@@ -13,15 +13,19 @@ workflow serves only Flower's legacy strategies and LegacyContext: a thin shim.
   global model, the experiment, its knowledge), not a legacy FitIns: the collect stage adds
   the secret shares to it and the ClientApp trains on it as on any train message.
 - ``_ScreeningGrid``: the grid the stages talk through (the metered grid under it still counts
-  every byte). It checks each collect-stage reply before the workflow sums it.
+  every byte). It checks every stage's replies (secure_checks) before the workflow reads them.
+- ``_run_protocol``: the four stages; a node lost before the collect stage is not asked about
+  in the unmask stage (nobody holds a share of it), and an exception ends the round, not the run.
 
 What moved, compared with a plain round: the server never holds one client's update, so the
 per-reply checks on the model (keys, shapes, finite values, update norm, the peer screen
 against the round's median, max_examples_ratio's weight cap) cannot run. What can still run is
-run on the metrics each client sends in the clear (its example count against the data survey,
-its step count against what the experiment makes of it, the release's and the aggregation's
-own reject) and on the masked vector's shapes; a reply that fails is left out of the sum as if
-its node had dropped out (the protocol then removes its masks). Before unmasking, the release
+run on each stage's replies' form, on the metrics each client sends in the clear (its example
+count against the data survey, its step count against what the experiment makes of it, the
+release's and the aggregation's own reject) and on the masked vector's shapes and range; a
+reply that fails, in any stage, is left out as if its node had dropped out (the protocol then
+removes its masks). The unmasked sum must be one the round's clients can make within the
+clipping range, and its update is held to ``secure_bound``. Before unmasking, the release
 says whether the sum may be unmasked at all (privacy=distributed: at least min_survivors noise
 shares in it); if not, the server stops there and learns nothing. The round then goes to the
 strategy's own ``aggregate_train`` as a ``SecureSum``: the same release, aggregation, aggregate
