@@ -108,7 +108,6 @@ class _ScreeningGrid:
         self._grid, self.checks = grid, checks
         self.collected: list[Message] = []  # the collect-stage replies summed
         self.rejected: dict[int, str] = {}  # node -> why its reply was left out of the sum
-        self.failed_unmask: dict[int, str] = {}  # summed, then failed in the unmask stage
 
     def __getattr__(self, name):
         return getattr(self._grid, name)
@@ -143,7 +142,6 @@ class _ScreeningGrid:
 
     def refuse(self, stage: str, node: int, reason: str) -> None:
         if stage == Stage.UNMASK:  # its update is in the sum: its masks are rebuilt from shares
-            self.failed_unmask[node] = reason
             log(WARNING, "SecAgg+ unmask stage: node %d's reply left out: %s", node, reason)
         else:
             self.rejected[node] = reason if stage == Stage.COLLECT_MASKED_VECTORS else (
