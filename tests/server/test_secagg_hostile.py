@@ -200,3 +200,41 @@ def test_a_secure_update_is_held_to_the_honest_scale_of_the_rounds_released_befo
     assert strategy.report.model_updated and strategy.report.rejected == []
     assert strategy.report.held.startswith("secure update scaled from norm")
     assert "3 x the smallest update released before" in strategy.report.held
+
+
+def test_a_push_inside_the_protocol_is_held_and_nobody_honest_is_rejected(
+        fmnist_available, server_task, monkeypatch):
+    """Node 102 masks its update times -10^4 (within the protocol: Flower's mod clips it to the
+    range) in rounds 1 and 2. Before, the aggregate check refused every such round and, once a
+    push got through, the honest clients' NaN losses were recorded as rejected; now each round
+    releases its sum held to the bound, the model stays finite, and nobody is named."""
+    import importlib
+
+    from flwr.common import ndarrays_to_parameters, parameters_to_ndarrays
+
+    module = importlib.import_module("flwr.client.mod.secure_aggregation.secaggplus_mod")
+    honest = module._collect_masked_vectors
+
+    def pushing(state, configs, num_examples, parameters):
+        if state.nid == HOSTILE:
+            parameters = ndarrays_to_parameters(
+                [-1e4 * a for a in parameters_to_ndarrays(parameters)])
+        return honest(state, configs, num_examples, parameters)
+
+    monkeypatch.setattr(module, "_collect_masked_vectors", pushing)
+    cfg, strategy, grid, record, arrays, clients = setup(RecordingGrid)
+    first_norm = np.sqrt(sum(np.sum(v.astype(np.float64) ** 2)
+                             for v in to_numpy(arrays).values() if v.dtype.kind == "f"))
+    released: list[float] = []
+    for server_round in (1, 2):
+        new = secure_train_round(strategy, grid, cfg.secagg, server_round, arrays, record, 60,
+                                 released)
+        report = strategy.report
+        assert new is not None and report.model_updated and report.clients == 3
+        assert report.rejected == [] and report.refused_aggregate == ""
+        assert report.held.startswith("secure update scaled from norm")
+        assert all(np.isfinite(v).all() for v in to_numpy(new).values())
+        arrays = new
+    # round 1 held to the model's norm, round 2 to at most 3 x round 1's: it cannot compound
+    assert released[0] == pytest.approx(max(1.0, first_norm), rel=1e-6)
+    assert released[1] <= GROWTH * released[0] * (1 + 1e-9)
