@@ -28,7 +28,7 @@ import math
 from typing import Literal
 
 import numpy as np
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from .settings import MANY, Settings, changed
 
@@ -130,6 +130,19 @@ class SecAggSettings(Settings):
     # default 1000 is below one Fashion-MNIST client's share)
     max_weight: float = Field(100_000.0, gt=0)
 
+    @field_validator("clipping_range", mode="before")
+    @classmethod
+    def _auto_or_positive(cls, value):
+        if value == "auto":
+            return value
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            number = float("nan")
+        if not number > 0 or isinstance(value, bool):
+            raise ValueError("must be auto or a number > 0")
+        return number
+
     @model_validator(mode="after")
     def _coherent(self):
         if self.name == "none":  # (a saved experiment's JSON holds the defaults: those pass)
@@ -154,9 +167,6 @@ class SecAggSettings(Settings):
         if isinstance(threshold, float) and not 0 < threshold <= 1:
             raise ValueError(f"secagg.reconstruction_threshold={threshold} as a share must be "
                              "in (0, 1]")
-        if self.clipping_range != "auto" and not self.clipping_range > 0:
-            raise ValueError(f"secagg.clipping_range must be auto or > 0, got "
-                             f"{self.clipping_range}")
         if self.modulus_range <= self.quantization_range:
             raise ValueError(f"secagg.modulus_range={self.modulus_range} must be greater than "
                              f"secagg.quantization_range={self.quantization_range}")

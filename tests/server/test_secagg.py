@@ -342,6 +342,9 @@ def test_what_secure_aggregation_cannot_serve_is_refused_in_one_line(overrides, 
                                           "than secagg.num_shares=3"),
     ("secagg.reconstruction_threshold=1.5", "as a share must be in (0, 1]"),
     ("secagg.max_weight=0", "secagg.max_weight must be > 0, got 0"),
+    ("secagg.clipping_range=0", "secagg.clipping_range must be auto or a number > 0, got 0"),
+    ("secagg.clipping_range=wide", "secagg.clipping_range must be auto or a number > 0, got "
+                                   "'wide'"),
     ("secagg.quantization_range=4294967296", "secagg.modulus_range=4294967296 must be greater "
                                              "than secagg.quantization_range=4294967296"),
     ("secagg.modulus_range=3000000000", "secagg.modulus_range=3000000000 must be a power of 2"),
