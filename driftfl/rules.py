@@ -146,7 +146,8 @@ def check_secagg(cfg: ExperimentConfig, strategy, aggregation, methods: Mapping)
         raise ConfigError(f"{head} with privacy=central: the server clips each client's "
                           "update, which secure aggregation hides; use privacy=distributed")
     per_round = min(cfg.num_clients, cfg.clients_per_round)
-    if cfg.privacy.name == "distributed":  # SecAgg+ clips each coordinate it masks
+    if cfg.privacy.name == "distributed" and cfg.secagg.clipping_range != "auto":
+        # SecAgg+ clips each coordinate it masks (auto: to the noise share's reach)
         privacy = cfg.privacy
         share = privacy.share_noise_std(privacy.noise_shares(per_round))
         reach = privacy.clip + NOISE_TAIL * share

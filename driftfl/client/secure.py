@@ -79,7 +79,10 @@ def updates_for_secagg(msg: Message, context: Context, call_next: ClientAppCalla
         return reply
     received = msg.content.array_records[ARRAYS]
     trained = reply.content.array_records[ARRAYS]
-    update = [trained[k].numpy() - received[k].numpy() for k in float_keys(received)]
+    # in float64: Flower's mod quantises in the update's precision, and float32 would round
+    # (x + clipping_range) by more than a quantisation level's share
+    update = [trained[k].numpy().astype(np.float64) - received[k].numpy()
+              for k in float_keys(received)]
     metrics = reply.content.metric_records[METRICS]
     config = msg.content.config_records[CONFIG]
     experiment = ExperimentConfig.from_json(str(config[EXPERIMENT]))

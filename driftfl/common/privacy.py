@@ -28,7 +28,7 @@ import math
 from typing import Literal
 
 import numpy as np
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from .settings import MANY, Settings, changed
 
@@ -120,13 +120,28 @@ class SecAggSettings(Settings):
     # float in (0, 1] is that share of num_shares (at least 2); a client's neighbourhood may
     # lose all but this many
     reconstruction_threshold: int | float = 2
-    clipping_range: float = Field(8.0, gt=0)  # each coordinate of a weighted update, clipped
+    # each coordinate of a weighted update is clipped to +- this; auto: what an honest one can
+    # reach, the round's update bound (distributed DP: the clip plus the noise share's reach)
+    clipping_range: Literal["auto"] | float = "auto"
     quantization_range: int = Field(4_194_304, gt=0)  # ... and quantised to this many levels
     modulus_range: int = Field(4_294_967_296, gt=0, le=2**32)  # the masks' modulus: 2**n
     # the largest weight (example count) a client may carry, checked after the data survey; a
     # round scales weights by the largest count among its clients, at most this (Flower's
     # default 1000 is below one Fashion-MNIST client's share)
     max_weight: float = Field(100_000.0, gt=0)
+
+    @field_validator("clipping_range", mode="before")
+    @classmethod
+    def _auto_or_positive(cls, value):
+        if value == "auto":
+            return value
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            number = float("nan")
+        if not number > 0 or isinstance(value, bool):
+            raise ValueError("must be auto or a number > 0")
+        return number
 
     @model_validator(mode="after")
     def _coherent(self):

@@ -243,6 +243,10 @@ class RoundEvaluator:
                     **({"dropped_partitions": " ".join(report.dropped) if report else ""}
                        if self.strategy.plan.heterogeneity.enabled else {}),
                     "refused_state": "; ".join(report.refused_state) if report else "",
+                    # SecAgg+: why a round released nothing, or how its update was held
+                    **({"secagg_outcome": (report.held if report.model_updated
+                                           else report.refused_aggregate) if report else ""}
+                       if self.strategy.release.secure else {}),
                     **traffic, "per_class_accuracy": per_class})
         # the server's own numbers last: nothing above may stand in for them
         row.update({"round": server_round, "test_accuracy": accuracy, "test_loss": loss})

@@ -101,7 +101,11 @@ def round_line(row: dict, rounds: int, *, secure: bool = False, dp: str = "") ->
             text += f", late: partition(s) {row['late_partitions']}"
         if row.get("refused_state"):
             text += f", state kept ({row['refused_state']})"
-        if not row["clients"]:
+        if row.get("secagg_outcome") and row["model_updated"]:
+            text += f", {row['secagg_outcome']}"
+        if not row["model_updated"] and row.get("secagg_outcome"):  # SecAgg+ said why
+            text += f"  |  {row['secagg_outcome']}: the global model stays"
+        elif not row["clients"]:
             text += ("  |  no usable reply: the model moved by the release's noise alone"
                      if row["model_updated"] else "  |  no usable reply: the global model stays")
         elif not row["model_updated"]:

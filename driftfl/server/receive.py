@@ -33,10 +33,11 @@ class PlainReceive:
 class SecureReceive:
     def __init__(self, settings: SecAggSettings) -> None:
         self.settings = settings
+        self.released: list[float] = []  # the norms of the updates the rounds released
 
     def train(self, strategy, grid, server_round, arrays, config, timeout):
         return secure_train_round(strategy, grid, self.settings, server_round, arrays, config,
-                                  timeout)
+                                  timeout, self.released)
 
 
 def receive_for(secagg: SecAggSettings | None) -> PlainReceive | SecureReceive:

@@ -28,6 +28,7 @@ class RoundReport:
     late: list[str] = field(default_factory=list)  # the others: over round_timeout
     dropped: list[str] = field(default_factory=list)  # heterogeneity: dropped before training
     refused_aggregate: str = ""  # why the aggregate did not replace the global model
+    held: str = ""  # SecAgg+: how the released update was held to its bound ("": it was not)
     # whether the round's aggregate replaced the global model: under DP also a round with no
     # usable reply, whose release is its noise alone
     model_updated: bool = False

@@ -19,7 +19,7 @@ from driftfl.methods import build_strategy, check_experiment
 from driftfl.server.survey import survey_clients
 from driftfl.server.experiment import prepare_experiment
 from driftfl.common.privacy import float_keys
-from driftfl.server.secure import check_weights, secure_train_round
+from driftfl.server.secure import check_weights, round_clipping_range, secure_train_round
 from driftfl.server.traffic import MeteredGrid
 from driftfl.strategies.parts.aggregation import to_numpy
 from test_methods import InProcessGrid, fmnist_nodes
@@ -86,12 +86,17 @@ def plain_updates(record, arrays, clients, strategy_round=1, overrides=()):
     return out
 
 
-def error_bound(cfg, counts, updates):
+def clipping(strategy, cfg) -> float:
+    """The clipping range the round just run used (secagg.clipping_range=auto: derived)."""
+    return round_clipping_range(strategy, cfg.secagg)
+
+
+def error_bound(cfg, counts, updates, clipping_range):
     """|secure mean - example-weighted mean| per coordinate: Flower's stochastic rounding moves
     each client's weighted coordinate by less than one level, 2 clipping_range /
     quantization_range, and the weights themselves are rounded to 1 / quantization_range."""
     s = cfg.secagg
-    level = 2 * s.clipping_range / s.quantization_range
+    level = 2 * clipping_range / s.quantization_range
     n = np.array(counts, dtype=np.float64)
     max_weight = max(c["num_examples"] for c in SURVEYED)  # round_max_weight: the largest
     dq = np.round(n / max_weight * s.quantization_range) / s.quantization_range
@@ -106,9 +111,9 @@ def weighted(updates, counts):
     return {k: sum(w * u[k] for w, u in zip(n, updates)) for k in updates[0]}
 
 
-def check_aggregate(cfg, new, arrays, updates, counts, step=1.0):
+def check_aggregate(cfg, strategy, new, arrays, updates, counts, step=1.0):
     expected = {k: step * v for k, v in weighted(updates, counts).items()}
-    bound = step * error_bound(cfg, counts, updates)
+    bound = step * error_bound(cfg, counts, updates, clipping(strategy, cfg))
     global_arrays = to_numpy(arrays)
     worst = max(np.abs(new[k] - global_arrays[k] - expected[k]).max() for k in expected)
     print(f"secure vs plain: worst {worst:.3g}, bound {bound:.3g}")
@@ -128,7 +133,7 @@ def test_the_secure_aggregate_is_the_plain_fedavg_mean_within_the_quantisation_e
     assert strategy.report.train_metrics[NUM_EXAMPLES] == sum(c["num_examples"] for c in clients)
     plain = plain_updates(record, arrays, clients)
     nodes = sorted(plain)
-    check_aggregate(cfg, to_numpy(new), arrays, [plain[n][0] for n in nodes],
+    check_aggregate(cfg, strategy, to_numpy(new), arrays, [plain[n][0] for n in nodes],
                     [plain[n][1] for n in nodes])
     traffic = grid.take()  # the metered grid counted all four stages
     assert traffic["bytes_up_metrics"] > 0 and traffic["bytes_up_other"] > 0
@@ -147,7 +152,7 @@ def test_a_client_that_drops_after_sharing_its_keys_leaves_the_mean_of_the_other
     assert drop in shared  # it took part until the collect stage
     plain = plain_updates(record, arrays, clients)
     others = sorted(n for n in plain if n != drop)
-    check_aggregate(cfg, to_numpy(new), arrays, [plain[n][0] for n in others],
+    check_aggregate(cfg, strategy, to_numpy(new), arrays, [plain[n][0] for n in others],
                     [plain[n][1] for n in others])
 
 
@@ -168,7 +173,7 @@ def test_distributed_dp_through_secagg_is_the_mean_of_the_survivors_clipped_upda
         assert np.sqrt(sum(np.sum(v ** 2) for v in update.values())) <= 0.5 + 1e-6
     survivors = [plain[n][0] for n in sorted(plain) if n != drop]
     global_arrays = to_numpy(arrays)
-    level = 2 * cfg.secagg.clipping_range / cfg.secagg.quantization_range
+    level = 2 * clipping(strategy, cfg) / cfg.secagg.quantization_range
     worst = max(np.abs(to_numpy(new)[k] - global_arrays[k]
                        - sum(u[k] for u in survivors) / len(survivors)).max()
                 for k in survivors[0])
@@ -202,7 +207,7 @@ def test_a_methods_own_aggregate_train_runs_on_the_secure_aggregate(fmnist_avail
     assert new is not None and strategy.report.clients == CLIENTS
     plain = plain_updates(record, arrays, clients, overrides=overrides)
     nodes = sorted(plain)
-    check_aggregate(cfg, to_numpy(new), arrays, [plain[n][0] for n in nodes],
+    check_aggregate(cfg, strategy, to_numpy(new), arrays, [plain[n][0] for n in nodes],
                     [plain[n][1] for n in nodes], step=0.5)
 
 
@@ -230,7 +235,7 @@ def test_a_reply_whose_clear_metrics_fail_the_checks_is_left_out_of_the_sum(
     assert "examples; the data survey found" in strategy.report.rejected[0]
     plain = plain_updates(record, arrays, clients)
     others = sorted(n for n in plain if n != 102)
-    check_aggregate(cfg, to_numpy(new), arrays, [plain[n][0] for n in others],
+    check_aggregate(cfg, strategy, to_numpy(new), arrays, [plain[n][0] for n in others],
                     [plain[n][1] for n in others])
 
 
@@ -269,7 +274,7 @@ def test_the_server_never_holds_an_unmasked_update(fmnist_available, server_task
                                 for rec in r.content.array_records.values())
     assert all(u.arrays == {} for u in strategy.last_updates)  # what reached the strategy
     plain = plain_updates(record, arrays, clients)
-    s = cfg.secagg
+    s, reach = cfg.secagg, clipping(strategy, cfg)
     collected = [r for st, r in grid.replies if st == Stage.COLLECT_MASKED_VECTORS]
     assert len(collected) == CLIENTS
     from flwr.common import bytes_to_ndarray
@@ -280,9 +285,8 @@ def test_the_server_never_holds_an_unmasked_update(fmnist_available, server_task
         most = max(c["num_examples"] for c in clients)
         ratio = round(n / most * s.quantization_range) / s.quantization_range
         for vector, key in zip(masked[1:], update):
-            quantised = np.round((np.clip(update[key] * ratio, -s.clipping_range,
-                                          s.clipping_range) + s.clipping_range)
-                                 * s.quantization_range / (2 * s.clipping_range))
+            quantised = np.round((np.clip(update[key] * ratio, -reach, reach) + reach)
+                                 * s.quantization_range / (2 * reach))
             # masked: uniform in [0, modulus_range), nowhere near the quantised update
             assert np.mean(np.abs(vector - quantised) <= 1) < 0.01
             assert vector.max() > s.quantization_range  # beyond any unmasked value
@@ -317,7 +321,8 @@ def test_plain_messages_pass_the_secagg_mods_untouched(server_task):
      "unclipped model would reach the server unprotected"),
     (["num_clients=1"], "with 1 client(s) per round (num_clients=1, fraction=1): SecAgg+ "
                         "needs at least 2"),
-    (["privacy=distributed", "privacy.noise_multiplier=10", "privacy.min_survivors=1"],
+    (["privacy=distributed", "privacy.noise_multiplier=10", "privacy.min_survivors=1",
+      "secagg.clipping_range=8"],
      "each client's noise share (std 10) would be clipped by secagg.clipping_range=8"),
     (["num_clients=6", "fraction=0.5", "secagg.num_shares=5",
       "secagg.reconstruction_threshold=4"], "with 3 client(s) per round (num_clients=6, "
@@ -337,6 +342,9 @@ def test_what_secure_aggregation_cannot_serve_is_refused_in_one_line(overrides, 
                                           "than secagg.num_shares=3"),
     ("secagg.reconstruction_threshold=1.5", "as a share must be in (0, 1]"),
     ("secagg.max_weight=0", "secagg.max_weight must be > 0, got 0"),
+    ("secagg.clipping_range=0", "secagg.clipping_range must be auto or a number > 0, got 0"),
+    ("secagg.clipping_range=wide", "secagg.clipping_range must be auto or a number > 0, got "
+                                   "'wide'"),
     ("secagg.quantization_range=4294967296", "secagg.modulus_range=4294967296 must be greater "
                                              "than secagg.quantization_range=4294967296"),
     ("secagg.modulus_range=3000000000", "secagg.modulus_range=3000000000 must be a power of 2"),

@@ -158,6 +158,13 @@ def test_round_line_names_dropped_lost_and_late_clients_and_the_protection():
         "|  7 clients, 10 B out, 10 B in, dropped: partition(s) 3 8, lost: partition(s) 5, "
         "late: partition(s) 1")
     assert "|  secagg+ 7 clients, 10 B out" in console.round_line(row, 2, secure=True)
+    held = {**row, "secagg_outcome": "secure update scaled from norm 9 to 3 (...)"}
+    assert console.round_line(held, 2, secure=True).endswith(
+        "late: partition(s) 1, secure update scaled from norm 9 to 3 (...)")
+    halted = {**held, "clients": 0, "model_updated": 0,
+              "secagg_outcome": "secure aggregation halted in the setup stage: ..."}
+    assert console.round_line(halted, 2, secure=True).endswith(
+        "|  secure aggregation halted in the setup stage: ...: the global model stays")
     private = {**row, "epsilon": 1.234, "dp_update_norm": 0.25, "dp_noise_norm": 9.0333}
     assert console.round_line(private, 2, dp="distributed").endswith(
         "late: partition(s) 1  |  DP distributed, epsilon 1.23: update norm 0.25 (its noise "

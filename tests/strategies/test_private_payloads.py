@@ -20,7 +20,7 @@ from driftfl.common.protocol import (CONTROL_DELTA, DATASET_META, EXPERIMENT,
                                      FEATURE_PROTOTYPES, PROTOTYPES, model_to_arrays)
 from driftfl.methods import build_strategy, check_experiment
 from driftfl.server.experiment import prepare_experiment
-from driftfl.server.secure import secure_train_round
+from driftfl.server.secure import round_clipping_range, secure_train_round
 from driftfl.server.survey import survey_clients
 from driftfl.strategies.parts.aggregation import ClientUpdate
 from driftfl.strategies.parts.release import CentralRelease, DistributedRelease, RoundFacts
@@ -242,7 +242,7 @@ def test_scaffold_through_secagg_moves_c_by_the_sum_of_the_control_deltas(fmnist
     terms = plain_payloads(["strategy=scaffold"], CONTROL_DELTA)
     expected = sum(np.concatenate([c.ravel() for c in t]) for t in terms.values()) / CLIENTS
     control = np.concatenate([strategy.control[k].ravel() for k in sorted(strategy.control)])
-    level = 2 * cfg.secagg.clipping_range / cfg.secagg.quantization_range
+    level = 2 * round_clipping_range(strategy, cfg.secagg) / cfg.secagg.quantization_range
     bound = CLIENTS * CLIENTS * level / CLIENTS + 1e-6  # a level per client, times m, over K
     assert np.abs(control - expected).max() <= bound
     assert np.abs(expected).max() > 100 * bound  # it moved
@@ -264,7 +264,7 @@ def test_fedcsd_prototypes_through_secagg_and_distributed_dp_after_a_dropout(
     survivors = [n for n in terms if n != drop]
     total = sum(clipped(terms[n], 0.5)[0] for n in survivors)
     expected, present = from_sum(total, holders(strategy.clients.histograms, survivors, 10))
-    level = 2 * cfg.secagg.clipping_range / cfg.secagg.quantization_range
+    level = 2 * round_clipping_range(strategy, cfg.secagg) / cfg.secagg.quantization_range
     assert np.abs(strategy.prototypes - expected).max() <= CLIENTS * CLIENTS * level + 1e-5
     np.testing.assert_array_equal(strategy.present, present)
 
@@ -315,7 +315,7 @@ def test_fedcurv_through_secagg_keeps_totals_and_each_node_takes_its_own_terms_o
     plain.aggregate_train(1, plain_grid.send_and_receive(plain.configure_train(
         1, arrays, plain_record, plain_grid)))
     assert len(plain.fisher) == CLIENTS
-    level = 2 * cfg.secagg.clipping_range / cfg.secagg.quantization_range
+    level = 2 * round_clipping_range(strategy, cfg.secagg) / cfg.secagg.quantization_range
     bound = CLIENTS * CLIENTS * level + 1e-7
     for k in plain.param_keys:
         assert np.abs(strategy.totals_f[k] - sum(f[k] for f in plain.fisher.values())

@@ -175,6 +175,11 @@ class Release:
         terms and its noise), which a state made of it may move by; 0: nothing."""
         return 0.0
 
+    def coordinate_reach(self, facts: RoundFacts) -> float:
+        """How far one coordinate of one client's masked vector reaches when the client follows
+        the release (secagg.clipping_range=auto): 0 where the release does not bound it."""
+        return 0.0
+
     def columns(self, server_round: int) -> dict[str, float]:
         """The round's privacy columns for metrics.csv (none without DP)."""
         return {}

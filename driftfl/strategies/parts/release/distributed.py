@@ -134,6 +134,16 @@ class DistributedRelease(PrivateRelease):
         return self.settings.clip + self.share_std(self.settings.clip) * (
             math.sqrt(facts.dimension) + TAIL)
 
+    def coordinate_reach(self, facts):
+        """A clipped update's coordinate is at most C, its noise share's at most TAIL of its
+        std; a payload term, clipped to C_p and noised alike, enters over the round's m."""
+        clip, payload_clip = self.settings.clip, self.settings.payload_clip or 0.0
+        reach = clip + TAIL * self.share_std(clip)
+        if facts.payload and payload_clip:
+            reach = max(reach, (payload_clip + TAIL * self.share_std(payload_clip))
+                        / max(1, len(facts.sent)))
+        return reach
+
     def sum_bound(self, facts):
         clip = self.settings.payload_clip or 0.0
         m = len(facts.sent)
