@@ -453,8 +453,10 @@ def test_dcfl_screens_a_rounds_new_set_against_the_stored_ones(server_task):
     before = strategy.matrix.copy()
     strategy.asked, strategy.trained = {3, 4}, [3, 4]
     steps = strategy.local_training.steps(10)
-    replies = [train_reply(3, weights, steps=steps, **condensed(*honest_set(3))),
-               train_reply(4, weights, steps=steps, **condensed(big[:4], [0, 0, 1, 1]))]
+    # trained models (a head unchanged from the one sent is refused: it did not train)
+    trained = {k: (v + 0.01).astype(v.dtype) for k, v in weights.items()}
+    replies = [train_reply(3, trained, steps=steps, **condensed(*honest_set(3))),
+               train_reply(4, trained, steps=steps, **condensed(big[:4], [0, 0, 1, 1]))]
     updates = strategy.accept(replies)
     assert [u.node_id for u in updates] == [3] and strategy.report.rejected_partitions == ["3"]
     assert "largest image norm 2.8e+05" in strategy.report.rejected[0]
