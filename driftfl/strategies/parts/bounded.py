@@ -47,11 +47,6 @@ def centred_clip(vectors: Vectors, ratio: float) -> tuple[Vectors, list[float]]:
                                for k in keys)) for v in vectors]
     tau = ratio * nonzero_lower_median(distances)  # vectors at the centre set no bar
     factors = [min(1.0, tau / d) if d > 0 else 1.0 for d in distances]
-    # a vector pointing away from the centre (an update against the round's direction) is
-    # replaced by the centre
-    against = [sum(float(np.sum(v[k].astype(np.float64) * centre[k])) for k in keys) < 0
-               for v in vectors]
-    factors = [0.0 if a else f for a, f in zip(against, factors)]
     out = []
     for v, f in zip(vectors, factors):
         if f == 1.0:
