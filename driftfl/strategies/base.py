@@ -9,7 +9,9 @@ A round is a pipeline of parts, each chosen once from config and held by the str
     receive   the grid (or SecAgg+'s protocol: driftfl.server.secure hands a SecureSum over)
     guard     check_reply, the survey's counts, the step count, the method's payload checks,
               the release's own; screens against the round's peers where the release allows
-              them (``guard``: guard.ReplyGuard)
+              them; repeat offenders excluded (``guard``: guard.ReplyGuard)
+    bound     where clients are not trusted, each reply's model within the round's honest
+              spread (``aggregation.bound_updates``: bounded.BoundedAggregation)
     release   ``release`` (release/): plain, secure sum, central or distributed DP
     aggregate the ``aggregation`` part, and the aggregate's own check
     update    the method's state update: its ``aggregate_train`` override, after super()

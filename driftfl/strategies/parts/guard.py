@@ -1,21 +1,26 @@
 """What one reply may do to the server's state, measured against its peers and the state itself.
 
 The reply checks (``aggregation.check_reply``) bound each reply alone; a hostile client inside
-those bounds can still send a payload many times larger than any honest client's. Two rules
+those bounds can still send a payload many times larger than any honest client's. These rules
 close that, for the model update and for every payload that feeds strategy state (SCAFFOLD's
 Delta c, FedCurv's Fisher, prototypes, DCFL's pre-trained model):
 
 - **Peers.** A payload's norm may be at most ``max_peer_ratio`` times the round's *lower*
-  median of the same payload's norms (the smaller middle value: with two replies, the smaller
-  one), so while most replies are honest, one reply cannot outweigh them by size.
+  median of the same payload's nonzero norms (the smaller middle value: with two replies, the
+  smaller one; a copied model sets no bar), so while most replies are honest, one reply cannot
+  outweigh them by size.
 - **State.** A new state replaces the old only when it is finite and has moved by at most
-  ``max_update_ratio`` times max(1, the old state's norm); otherwise the old state stays and the
-  refusal is logged and recorded like a rejected reply (``RoundReport.refused_state``).
+  ``max_update_ratio`` times the smaller of max(1, the old state's norm) and the round's honest
+  scale (``move_scale``: what the median client alone would move it by); otherwise the old state
+  stays and the refusal is logged and recorded like a rejected reply (``refused_state``).
 - **Weight.** In deployment, where nodes claim their example counts, a reply weighs as at most
-  ``max_examples_ratio`` times the median of the data survey's counts (``ReplyGuard.capped``).
+  ``max_examples_ratio`` times the lower median of the data survey's counts (``capped``).
+- **Repeat offenders.** A client rejected ``exclude_after`` rounds in a row, while most of each
+  round's replies were used, is excluded from the rest of the run (``count_offences``).
 
 Screens against peers run only where the round's release allows clients to be compared (never
-under differential privacy: release/).
+under differential privacy: release/). Where clients are not trusted, the replies that pass are
+then bounded by the aggregation (bounded.py).
 """
 
 from __future__ import annotations
@@ -186,7 +191,7 @@ class ReplyGuard:
         for update in updates:
             if update.num_examples > cap:
                 log(WARNING, "round reply from %s weighs as %.12g examples, not its %.12g "
-                    "(max_examples_ratio=%g x the survey's median count)",
+                    "(max_examples_ratio=%g x the survey's lower median count)",
                     self.clients.describe(update.node_id), cap, update.num_examples,
                     self.max_examples_ratio)
                 update = replace(update, metrics={**update.metrics, NUM_EXAMPLES: cap})
