@@ -1,6 +1,8 @@
 """What one hostile client inside every bound does to a run, under trusted and untrusted clients.
 
-    .venv/bin/python benchmarks/containment.py                      # the table in docs/security.md
+    .venv/bin/python benchmarks/containment.py --seeds 0 1 2 --out c.jsonl   # docs/security.md's
+    .venv/bin/python benchmarks/containment.py --cost --out cost.jsonl      # ... two tables
+    .venv/bin/python benchmarks/containment.py --markdown c.jsonl           # ... as markdown
     .venv/bin/python benchmarks/containment.py --methods fedavg --clients 5 --seeds 0
 
 For each method: the final test accuracy of the honest run, and of the same run with partition 0
@@ -265,6 +267,31 @@ def cost(methods, seeds, out: Path) -> None:
                   flush=True)
 
 
+def markdown(path: Path) -> None:
+    """The tables of docs/security.md from a run's JSON lines (``--out``): containment rows
+    (method, clients) or cost rows (method, partition), means over the seeds."""
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    cells: dict[tuple, dict[str, list[float]]] = {}
+    for row in rows:
+        key = (row["method"], row.get("clients", row.get("partition")))
+        case = row.get("case", row["trust"])
+        cells.setdefault(key, {}).setdefault(case, []).append(100 * row["accuracy"])
+    mean = statistics.mean
+    if "case" in rows[0]:
+        print("| method | clients | honest | without it | attacked, trust=clients | "
+              "attacked, trust=none | honest, trust=none |\n|---|---|---|---|---|---|---|")
+        for (method, k), c in cells.items():
+            print(f"| {method} | {k} | " + " | ".join(
+                f"{mean(c[name]):.1f} %" for name in ("honest", "absent", "before", "after",
+                                                      "honest_none")) + " |")
+    else:
+        print("| method | partition | trust=clients | trust=none | difference |\n"
+              "|---|---|---|---|---|")
+        for (method, partition), c in cells.items():
+            a, b = mean(c["clients"]), mean(c["none"])
+            print(f"| {method} | {partition} | {a:.1f} % | {b:.1f} % | {b - a:+.1f} |")
+
+
 def record(out: Path, row: dict) -> None:
     with out.open("a") as f:
         f.write(json.dumps(row) + "\n")
@@ -279,9 +306,13 @@ def main() -> None:
                         help="the honest cost of trust=none (Dir(0.1), #C=2) instead")
     parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
                         help="further overrides for every run (e.g. clip_ratio=1.5)")
+    parser.add_argument("--markdown", type=Path, metavar="JSONL",
+                        help="print the markdown table of an earlier run's --out file, and stop")
     parser.add_argument("--out", type=Path, default=Path("containment.jsonl"),
                         help="every run's figures, one JSON line each (appended)")
     args = parser.parse_args()
+    if args.markdown:
+        return markdown(args.markdown)
     logging.getLogger("flwr").setLevel(logging.WARNING)
     BASE.extend(args.set)
     if args.cost:
