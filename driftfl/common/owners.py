@@ -17,13 +17,12 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
-import stat
 from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import ConfigError
+from .untrusted import regular_bytes
 
 OWN_DATA = -1  # the partition id of a node that trains on its own folder or file
 # the most examples one node may report: more than any single data owner here trains on in a
@@ -99,12 +98,11 @@ def read_owners(path: Path, num_partitions: int | None = None) -> dict[int, Owne
 def _bounded_bytes(path: Path, where: str) -> bytes:
     """The file's bytes, read only from a regular file and only up to MAX_BYTES (opened without
     blocking: a FIFO is refused, not waited on)."""
-    with os.fdopen(os.open(path, os.O_RDONLY | os.O_NONBLOCK), "rb") as file:
-        if not stat.S_ISREG(os.fstat(file.fileno()).st_mode):
-            raise ConfigError(f"{where} is not a regular file; give the owners.json "
-                              "`driftfl secure register` wrote")
-        data = file.read(MAX_BYTES + 1)
-    if len(data) > MAX_BYTES:
+    data = regular_bytes(path, MAX_BYTES, links=True)  # the operator's own file may be a link
+    if data == "not regular":
+        raise ConfigError(f"{where} is not a regular file; give the owners.json "
+                          "`driftfl secure register` wrote")
+    if data == "too large":
         raise ConfigError(f"{where} is over {MAX_BYTES // 2**20} MiB, more than any owners "
                           "file holds; give the owners.json `driftfl secure register` wrote")
     return data

@@ -35,21 +35,33 @@ def mib(size: int) -> str:
     return f"{size / 2**20:.0f} MiB" if size >= 2**20 else f"{size} bytes"
 
 
+def regular_bytes(path: Path, limit: int, links: bool = False) -> bytes | str:
+    """The bytes of the regular file ``path``, or what it is instead: "link" (unless ``links``
+    may be followed), "not regular" (a device, a pipe, a folder), "too large" (over ``limit``
+    bytes, of which no more are read); OSError where it cannot be opened."""
+    if not links and os.path.islink(path):
+        return "link"
+    # O_NOFOLLOW: a link that appears after the check is not followed either; O_NONBLOCK: a
+    # named pipe does not block the open
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | (0 if links else os.O_NOFOLLOW))
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return "not regular"
+        data = f.read(limit + 1)
+    return "too large" if len(data) > limit else data
+
+
 def read_bytes(path: Path, limit: int = MAX_TEXT) -> bytes:
     """The bytes of the regular file ``path``: UnsafeFile for a link, anything but a regular
     file, or more than ``limit`` bytes; OSError where it cannot be opened."""
-    if os.path.islink(path):
+    data = regular_bytes(path, limit)
+    if data == "link":
         raise UnsafeFile(f"{path} is a symbolic link; driftfl reads no file of a run directory "
                          "through one (put the file itself in its place)")
-    # O_NOFOLLOW: a link that appears after the check is not followed either; O_NONBLOCK: a
-    # named pipe does not block the open
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise UnsafeFile(f"{path} is not a regular file (a device, a pipe or a folder); "
-                             "driftfl reads only files it wrote")
-        data = f.read(limit + 1)
-    if len(data) > limit:
+    if data == "not regular":
+        raise UnsafeFile(f"{path} is not a regular file (a device, a pipe or a folder); "
+                         "driftfl reads only files it wrote")
+    if data == "too large":
         raise UnsafeFile(f"{path} holds more than {mib(limit)}, more than driftfl ever writes "
                          "there; it is not a file of a run")
     return data
