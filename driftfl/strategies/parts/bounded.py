@@ -117,8 +117,10 @@ def where_unbounded(cfg, aggregation: Aggregation) -> str:
         return (f"privacy={cfg.privacy.name}: each client's influence is bounded by the clip "
                 f"({cfg.privacy.clip:g})")
     if cfg.secagg.enabled:
-        return ("secagg=secaggplus: the server sees no client's own update; each masked "
-                "vector is bounded by secagg.clipping_range")
+        return ("secagg=secaggplus: the server sees no client's own update, so it cannot bound "
+                "one client's; each masked coordinate stays within secagg.clipping_range and "
+                "the released update within its hold, but one client inside the protocol can "
+                "still steer each round (docs/security.md)")
     if aggregation.robust:
         return f"aggregation={cfg.aggregation.name} bounds each client's influence"
     return ""
@@ -142,7 +144,8 @@ def trust_line(cfg, aggregation: Aggregation, deployed: bool) -> str:
                 "one client inside the checks can steer the model and the method's state; "
                 "trust=none (the default here) bounds each client's influence")
     if not isinstance(aggregation, BoundedAggregation):
-        return (f"driftfl: clients not trusted (trust={cfg.trust}); "
+        warning = "warning: " if cfg.secagg.enabled and not cfg.privacy.enabled else ""
+        return (f"driftfl: {warning}clients not trusted (trust={cfg.trust}); "
                 f"{where_unbounded(cfg, aggregation)}")
     return (f"driftfl: clients not trusted (trust={cfg.trust}): each client's update and every "
             f"payload that feeds the method's state are moved to within {cfg.clip_ratio:g} x "
