@@ -64,11 +64,14 @@ def check_pretrain_reply(reply: Message, shape: tuple[int, ...], head: tuple[int
     return weight, *condensed, figures(reply.content.metric_records.get(METRICS, {}))
 
 
+def image_norms(images: np.ndarray) -> np.ndarray:
+    """Each image's L2 norm, in float64."""
+    return np.sqrt(np.square(images.reshape(len(images), -1), dtype=np.float64).sum(axis=1))
+
 
 def set_size(images: np.ndarray) -> float:
     """The largest L2 norm of one image of the set."""
-    return float(np.sqrt(np.square(images.reshape(len(images), -1), dtype=np.float64)
-                         .sum(axis=1).max(initial=0.0)))
+    return float(image_norms(images).max(initial=0.0))
 
 
 def outsized(new: list[np.ndarray], store: dict[int, tuple[np.ndarray, np.ndarray]],
@@ -80,10 +83,6 @@ def outsized(new: list[np.ndarray], store: dict[int, tuple[np.ndarray, np.ndarra
     return {k: f"its condensed set's largest image norm {size:.3g} is over "
                f"max_peer_ratio={ratio:g} x the median {median:.3g} of the sets known"
             for k, size in enumerate(sizes) if not size <= ratio * median}
-
-
-def image_norms(images: np.ndarray) -> np.ndarray:
-    return np.sqrt(np.square(images.reshape(len(images), -1), dtype=np.float64).sum(axis=1))
 
 
 def bounded_sets(new: list[np.ndarray], store: dict[int, tuple[np.ndarray, np.ndarray]],

@@ -34,6 +34,19 @@ def _is_list_of(value, kind: type) -> bool:
     return isinstance(value, list) and all(type(v) is kind for v in value)
 
 
+def _shares_problem(ids, shares, expected: set[int], whose: str,
+                    empty: bool = True) -> str | None:
+    """Why ``ids`` and ``shares`` are not byte strings (non-empty unless ``empty``), one per id,
+    for exactly the ``expected`` nodes, each once (None: they are); ``whose`` ends the second
+    refusal."""
+    if not (_is_list_of(ids, int) and _is_list_of(shares, bytes)) or len(ids) != len(shares) \
+            or not (empty or all(shares)):
+        return "its share lists are not node ids and byte strings of one length"
+    if len(set(ids)) != len(ids) or set(ids) != expected:
+        return f"its shares are not {whose}"
+    return None
+
+
 def setup_check(msg: Message) -> str | None:
     """Two distinct public keys that load (Flower's own loader)."""
     record = _record(msg)
@@ -57,13 +70,10 @@ def share_keys_check(state: WorkflowState) -> Check:
         if record is None:
             return "reply lacks the SecAgg+ record"
         node = msg.metadata.src_node_id
-        dsts, texts = record.get(Key.DESTINATION_LIST), record.get(Key.CIPHERTEXT_LIST)
-        if not (_is_list_of(dsts, int) and _is_list_of(texts, bytes)) or len(dsts) != len(texts):
-            return "its share lists are not node ids and byte strings of one length"
-        expected = (state.nid_to_neighbours[node] & state.active_node_ids) - {node}
-        if len(set(dsts)) != len(dsts) or set(dsts) != expected:
-            return "its shares are not addressed to exactly its neighbours"
-        return None
+        return _shares_problem(
+            record.get(Key.DESTINATION_LIST), record.get(Key.CIPHERTEXT_LIST),
+            (state.nid_to_neighbours[node] & state.active_node_ids) - {node},
+            "addressed to exactly its neighbours")
     return check
 
 
@@ -95,14 +105,10 @@ def unmask_check(state: WorkflowState) -> Check:
         if record is None:
             return "reply lacks the SecAgg+ record"
         node = msg.metadata.src_node_id
-        nids, shares = record.get(Key.NODE_ID_LIST), record.get(Key.SHARE_LIST)
-        if not (_is_list_of(nids, int) and _is_list_of(shares, bytes)) or len(nids) != len(
-                shares) or not all(shares):
-            return "its share lists are not node ids and byte strings of one length"
-        if len(set(nids)) != len(nids) or set(nids) != (state.nid_to_neighbours[node]
-                                                        & state.sampled_node_ids):
-            return "its shares are not of exactly the neighbours it was asked about"
-        return None
+        return _shares_problem(
+            record.get(Key.NODE_ID_LIST), record.get(Key.SHARE_LIST),
+            state.nid_to_neighbours[node] & state.sampled_node_ids,
+            "of exactly the neighbours it was asked about", empty=False)
     return check
 
 

@@ -24,12 +24,11 @@ and a coordinate-wise median discards what the minority of clients holding a cla
 
 from __future__ import annotations
 
-import math
 from dataclasses import replace
 
 import numpy as np
 
-from driftfl.strategies.parts.aggregation import Aggregation, ClientUpdate
+from driftfl.strategies.parts.aggregation import Aggregation, ClientUpdate, update_norm
 from driftfl.strategies.parts.guard import nonzero_lower_median
 
 Vectors = list[dict[str, np.ndarray]]
@@ -43,8 +42,7 @@ def centred_clip(vectors: Vectors, ratio: float) -> tuple[Vectors, list[float]]:
     keys = [k for k, v in vectors[0].items() if v.dtype.kind == "f"]
     centre = {k: np.median(np.stack([v[k] for v in vectors]), axis=0).astype(np.float64)
               for k in keys}
-    distances = [math.sqrt(sum(float(np.sum(np.square(v[k].astype(np.float64) - centre[k])))
-                               for k in keys)) for v in vectors]
+    distances = [update_norm(v, centre) for v in vectors]
     tau = ratio * nonzero_lower_median(distances)  # vectors at the centre set no bar
     factors = [min(1.0, tau / d) if d > 0 else 1.0 for d in distances]
     out = []
