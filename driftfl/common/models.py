@@ -160,6 +160,22 @@ def lenet5(shape, num_classes) -> DriftModel:
     return DriftModel(body, 84, num_classes)
 
 
+@register_model("convnet")
+def convnet(shape, num_classes) -> DriftModel:
+    """The dataset-condensation papers' ConvNet (Zhao & Bilen: DC, DSA, DM), which their
+    condensed sets are trained and scored on: 3 blocks of conv3x3(128) - instance norm - ReLU -
+    avg-pool 2, then a linear classifier (28x28 images: 128 x 3 x 3 features). Instance norm
+    (GroupNorm with a group per channel) keeps each image's features independent of the batch."""
+    layers: list[nn.Module] = []
+    channels = shape[0]
+    for _ in range(3):
+        layers += [nn.Conv2d(channels, 128, 3, padding=1), nn.GroupNorm(128, 128, affine=True),
+                   nn.ReLU(), nn.AvgPool2d(2)]
+        channels = 128
+    body = nn.Sequential(*layers, nn.Flatten())
+    return DriftModel(body, _flat_dim(body, shape), num_classes)
+
+
 @register_model("resnet18")
 def resnet18(shape, num_classes) -> DriftModel:
     """torchvision ResNet-18 for small images: 3x3 stride-1 stem and no max-pool."""

@@ -109,7 +109,7 @@ def test_a_mistyped_setting_is_refused_before_torch_or_flower_is_imported(overri
     # Hydra: a dozen lines, or a ValueError's traceback
     (["dataset="], "dataset= names no dataset; valid: cifar10, cifar100, emnist, fmnist, folder, "
                    "mnist, npz, svhn"),
-    (["model=3"], "model=3 names no model; valid: cnn, lenet5, mlp, resnet18"),
+    (["model=3"], "model=3 names no model; valid: cnn, convnet, lenet5, mlp, resnet18"),
     (["strategy=null"], "strategy=null names no strategy; valid: dcfl, fedavg, "),
     (["=3"], "the override =3 names no setting; write key=value, e.g. rounds=3"),
     # Hydra's advice is a defaults-list line
@@ -234,7 +234,7 @@ def test_required_settings_must_be_given():
     ("strategy=fedcad strategy.gamma_min=0.6",
      r"strategy.gamma_max must be >= gamma_min \(0.6\), got 0.5"),
     ("strategy=fedcad strategy.alpha_source=test", "unknown strategy.alpha_source 'test'"),
-    ("model.name=vgg", "unknown model 'vgg'; valid: cnn, lenet5, mlp, resnet18"),
+    ("model.name=vgg", "unknown model 'vgg'; valid: cnn, convnet, lenet5, mlp, resnet18"),
     ("model=mlp model.hidden=[8,0]", "model.hidden.1 must be >= 1, got 0"),
     ("aggregation.name=bulyan", "unknown aggregation 'bulyan'; valid: feddisco, fednova, krum, mean, median, trimmed_mean"),
     ("selection.name=random", "unknown selection 'random'; valid: cka, uniform"),

@@ -37,6 +37,20 @@ def test_fedavg_cnn_and_lenet5_sizes():
     assert lenet.features[1].in_features == 16 * 5 * 5  # 6/16/120/84 on CIFAR
 
 
+@pytest.mark.parametrize("shape, width", [((1, 28, 28), 128 * 3 * 3), ((3, 32, 32), 128 * 4 * 4)])
+def test_convnet_is_the_condensation_papers_and_normalises_each_image_alone(shape, width):
+    """Zhao & Bilen's ConvNet: three conv(128)-pool blocks; instance norm, so an image's
+    features are the same whatever else is in the batch (unlike BatchNorm)."""
+    net = build_model({"name": "convnet"}, shape, 10).eval()
+    assert net.head.in_features == width
+    assert sum(isinstance(m, torch.nn.GroupNorm) for m in net.modules()) == 3
+    x = torch.randn(4, *shape, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        alone, together = net.features(x[:1]), net.features(x)[:1]
+        others = net.features(torch.cat([x[:1], 5 * x[1:] + 3]))[:1]
+    assert torch.allclose(alone, together, atol=1e-5) and torch.allclose(alone, others, atol=1e-5)
+
+
 def test_mlp_hidden_sizes_come_from_config():
     mlp = build_model({"name": "mlp", "hidden": [64]}, (1, 8, 8), 3)
     assert mlp.head.in_features == 64
@@ -58,7 +72,7 @@ def test_unknown_model_lists_the_valid_ones_and_where_driftfl_looked():
     with pytest.raises(ConfigError) as refused:
         build_model({"name": "vgg"}, (1, 28, 28), 10)
     assert str(refused.value) == (
-        f"unknown model 'vgg'; valid: cnn, lenet5, mlp, resnet18 (the built-ins and those the "
+        f"unknown model 'vgg'; valid: cnn, convnet, lenet5, mlp, resnet18 (the built-ins and those the "
         f"modules in {package / 'models'} register, of the driftfl in use, {package}; a model "
         "of your own: docs/adding-a-model.md)")
 
@@ -119,7 +133,7 @@ def test_a_model_in_the_user_folder_is_found_by_name_and_trains(user_models):
     assert stats.steps == 1 and all(not torch.equal(a, b)
                                     for a, b in zip(before, model.parameters()))
     folders = f"[^ ]+, {re.escape(str(user_models))}"  # driftfl/models/, then the test's
-    with pytest.raises(ConfigError, match=f"unknown model 'vgg'; valid: cnn, lenet5, mlp, "
+    with pytest.raises(ConfigError, match=f"unknown model 'vgg'; valid: cnn, convnet, lenet5, mlp, "
                                           f"resnet18, tiny \\(the built-ins and those the "
                                           f"modules in {folders} register"):
         build_model({"name": "vgg"}, (1, 8, 8), 3)

@@ -28,7 +28,7 @@ def test_help_and_unknown_command(tmp_path):
 @pytest.mark.parametrize("override, message", [
     ("partition.alpha=0", "driftfl: error: partition.alpha must be > 0, got 0"),
     ("fraction=2", r"driftfl: error: fraction must be in (0, 1], got 2"),
-    ("model.name=vgg", "driftfl: error: unknown model 'vgg'; valid: cnn, lenet5, mlp, resnet18"),
+    ("model.name=vgg", "driftfl: error: unknown model 'vgg'; valid: cnn, convnet, lenet5, mlp, resnet18"),
 ])
 def test_bad_value_exits_2_with_one_line_and_no_run(override, message, tmp_path,
                                                     fmnist_available):
@@ -76,7 +76,7 @@ GRAMMAR = "(https://hydra.cc/docs/advanced/override_grammar/basic)"
 @pytest.mark.parametrize("args, message", [
     # --cfg and --help run nothing, but check the overrides as a run does
     (["--cfg", "job", "roundz=3"], "unknown setting roundz; did you mean rounds?"),
-    (["--cfg", "all", "model=vgg"], f"unknown model 'vgg'; valid: cnn, lenet5, mlp, resnet18"
+    (["--cfg", "all", "model=vgg"], f"unknown model 'vgg'; valid: cnn, convnet, lenet5, mlp, resnet18"
                                     f"{MODEL_SEARCHED}"),
     (["--cfg", "hydra", "hydra.run.dirr=x"],
      "unknown setting hydra.run.dirr; did you mean hydra.run.dir?"),
@@ -125,10 +125,10 @@ def files_under(folder):
 
 @pytest.mark.parametrize("args, message", [
     (["model=vgg"],
-     f"driftfl: error: unknown model 'vgg'; valid: cnn, lenet5, mlp, resnet18{MODEL_SEARCHED}"),
+     f"driftfl: error: unknown model 'vgg'; valid: cnn, convnet, lenet5, mlp, resnet18{MODEL_SEARCHED}"),
     # a sweep is checked for every swept option before any job runs
     (["-m", "model=cnn,vgg"],
-     f"driftfl: error: unknown model 'vgg'; valid: cnn, lenet5, mlp, resnet18{MODEL_SEARCHED}"),
+     f"driftfl: error: unknown model 'vgg'; valid: cnn, convnet, lenet5, mlp, resnet18{MODEL_SEARCHED}"),
 ])
 def test_unknown_option_of_a_config_group_is_one_line(args, message, tmp_path):
     out = driftfl("run", *args, "hydra.run.dir=run", "hydra.sweep.dir=sweep", cwd=tmp_path)
