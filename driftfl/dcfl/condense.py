@@ -31,6 +31,7 @@ smaller so that condensation runs in reasonable time on a CPU.
 
 from __future__ import annotations
 
+import copy
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -94,6 +95,65 @@ def _fresh_network(make_network: Callable[[], DriftModel], generator: torch.Gene
         torch.default_generator.manual_seed(_seed(generator))
         net = make_network()
     return net.to(device).train(not per_example)
+
+
+def _reset(net: DriftModel, seed: int) -> DriftModel:
+    """Every layer's own ``reset_parameters``, in module order, from ``seed``."""
+    with torch.random.fork_rng(devices=[]), torch.no_grad():
+        torch.default_generator.manual_seed(seed)
+        for module in net.modules():
+            if callable(getattr(module, "reset_parameters", None)):
+                module.reset_parameters()
+    return net
+
+
+class FreshNetworks:
+    """A freshly initialised network for every iteration, each from one draw of ``generator``.
+
+    DM needs a new random network per iteration, not a new object: where re-initialising one
+    network in place gives exactly the weights that building one from the same draw gives, the
+    same network is re-initialised, so no network is built or allocated per iteration. That is
+    checked once, on public draws: a network whose every parameter and buffer was overwritten
+    with garbage, then reset from a seed, must equal one built from that seed. A network it
+    does not hold for (a custom initialisation, a layer without reset_parameters, one made on
+    a GPU's generator) is built anew each time, as before."""
+
+    PROBE_SEED = 1  # the check's draws: public, and none from ``generator``
+
+    def __init__(self, make_network: Callable[[], DriftModel], generator: torch.Generator,
+                 device: torch.device, per_example: bool = False):
+        self.make_network, self.generator = make_network, generator
+        self.device, self.per_example = device, per_example
+        self.net: DriftModel | None = None  # the network reset in place, once checked
+        self.checked = False
+
+    def __call__(self) -> DriftModel:
+        if self.net is not None:
+            return _reset(self.net, _seed(self.generator))
+        net = _fresh_network(self.make_network, self.generator, self.device, self.per_example)
+        if not self.checked:
+            self.checked = True
+            built = _fresh_network(self.make_network, self.probe(), self.device,
+                                   self.per_example)
+            if _same_state(_reset(_garbled(copy.deepcopy(net)), _seed(self.probe())), built):
+                self.net = net
+        return net
+
+    def probe(self) -> torch.Generator:
+        return torch.Generator().manual_seed(self.PROBE_SEED)
+
+
+def _garbled(net: torch.nn.Module) -> torch.nn.Module:
+    """``net`` with every parameter and buffer overwritten (NaN, or -1 for integers)."""
+    with torch.no_grad():
+        for tensor in (*net.parameters(), *net.buffers()):
+            tensor.fill_(float("nan") if tensor.is_floating_point() else -1)
+    return net
+
+
+def _same_state(a: torch.nn.Module, b: torch.nn.Module) -> bool:
+    one, two = a.state_dict(), b.state_dict()
+    return one.keys() == two.keys() and all(torch.equal(one[k], two[k]) for k in one)
 
 
 def check_per_example(net: DriftModel, shape: Sequence[int]) -> None:
@@ -199,21 +259,34 @@ class _Condenser:
             out.append((real, syn))
         return out
 
+    def batch(self) -> tuple[Tensor, Tensor, list[int]]:
+        """Every class's real batch and synthetic images, each as one batch in class order
+        (the draws of ``pairs``: the real batches, then one augmentation seed per class shared
+        by its real and synthetic images), and the real batches' sizes."""
+        batches = self.real_batches()
+        sizes = [len(idx) for idx in batches]
+        real = self.x.index_select(0, torch.cat(batches).to(self.x.device))  # one copy
+        syn = self.syn
+        if self.augment is not None:
+            seeds = [_seed(self.generator) for _ in batches]
+            real = self.augment.grouped(real, sizes, seeds)
+            syn = self.augment.grouped(syn, [self.config.ipc] * len(seeds), seeds)
+        return real, syn, sizes
+
     def dm_loss(self, net: DriftModel) -> Tensor:
-        """Sum over classes of the squared distance between mean real and synthetic embeddings;
-        all classes go through the network in one batch (a BatchNorm in train mode mixes them;
-        under DP the network is in eval mode: each embedding is its image's alone)."""
-        pairs = self.pairs()
+        """Sum over classes of the squared distance between mean real and synthetic embeddings.
+        All classes go through the network as one batch, the real images without autograd (a
+        BatchNorm in train mode mixes them; under DP the network is in eval mode: each
+        embedding is its image's alone)."""
+        real, syn, sizes = self.batch()
         with torch.no_grad():
-            real = net.features(torch.cat([r for r, _ in pairs])).flatten(1)
-        parts = real.split([len(r) for r, _ in pairs])
+            parts = net.features(real).flatten(1).split(sizes)
         if self.privacy is None:
             real_means = torch.stack([part.mean(0) for part in parts])
         else:
             real_means = torch.stack([self.private_mean(c, part)
                                       for c, part in zip(self.classes, parts)])
-        syn = net.features(torch.cat([s for _, s in pairs])).flatten(1)
-        syn_means = syn.view(len(pairs), self.config.ipc, -1).mean(1)
+        syn_means = net.features(syn).flatten(1).view(len(sizes), self.config.ipc, -1).mean(1)
         return ((real_means - syn_means) ** 2).sum()
 
     def private_mean(self, label: int, embeddings: Tensor) -> Tensor:
@@ -292,8 +365,9 @@ def condense(x: Tensor, y: Tensor, num_classes: int, config: CondenseConfig, *,
         optimizer.step()
         return float(loss.detach())
 
+    networks = FreshNetworks(make_network, generator, x.device, per_example=privacy is not None)
     for iteration in range(1, config.iterations + 1):
-        net = _fresh_network(make_network, generator, x.device, per_example=privacy is not None)
+        net = networks()
         if privacy is not None and iteration == 1:
             check_per_example(net, x.shape[1:])
         if config.method == "dm":
