@@ -81,6 +81,7 @@ class DCFLClient:
         s = self.settings
         return CondenseConfig(method=s.condensation, init=s.condense_init, ipc=s.ipc,
                               iterations=s.condense_iterations, lr=s.condense_lr,
+                              optimizer=s.condense_optimizer,
                               real_per_class=s.condense_batch, outer_loop=s.dc_outer_loop,
                               inner_loop=s.dc_inner_loop, net_lr=s.dc_net_lr,
                               log_every=max(1, s.condense_iterations // 4))

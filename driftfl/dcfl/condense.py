@@ -48,6 +48,7 @@ from driftfl.common.models import DriftModel
 
 METHODS = ("dm", "dc", "dsa")
 INITS = ("noise", "real")
+OPTIMIZERS = ("sgd", "adam")
 
 
 @dataclass(frozen=True)
@@ -57,7 +58,8 @@ class CondenseConfig:
     init: Literal["noise", "real"] = "noise"  # N(0, 1) in normalised space, or real images
     ipc: int = 10                 # synthetic images per held class
     iterations: int = 200         # outer iterations (each with a freshly initialised network)
-    lr: float = 1.0               # SGD lr on the synthetic pixels (momentum 0.5, as the authors)
+    lr: float = 1.0               # lr on the synthetic pixels
+    optimizer: Literal["sgd", "adam"] = "sgd"  # sgd: momentum 0.5, as the authors; or adam
     real_per_class: int = 256     # real images per class per iteration
     outer_loop: int = 10          # dc/dsa only: matching steps per iteration
     inner_loop: int = 50          # dc/dsa only: network training steps on the synthetic set
@@ -69,6 +71,9 @@ class CondenseConfig:
         if self.method not in METHODS:
             raise ConfigError(f"unknown condensation method '{self.method}'; "
                               f"valid: {', '.join(METHODS)}")
+        if self.optimizer not in OPTIMIZERS:
+            raise ConfigError(f"unknown condensation optimizer '{self.optimizer}'; "
+                              f"valid: {', '.join(OPTIMIZERS)}")
         if self.init not in INITS:
             raise ConfigError(f"unknown condensation init '{self.init}'; valid: {', '.join(INITS)}")
         for name in ("ipc", "iterations", "real_per_class", "outer_loop", "log_every"):
@@ -357,7 +362,8 @@ def condense(x: Tensor, y: Tensor, num_classes: int, config: CondenseConfig, *,
                        generator, privacy)
     if not classes:
         return syn.detach(), state.syn_y
-    optimizer = torch.optim.SGD([syn], lr=config.lr, momentum=0.5)
+    optimizer = (torch.optim.SGD([syn], lr=config.lr, momentum=0.5) if config.optimizer == "sgd"
+                 else torch.optim.Adam([syn], lr=config.lr))
 
     def step(loss: Tensor) -> float:
         optimizer.zero_grad(set_to_none=True)

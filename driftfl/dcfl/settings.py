@@ -37,7 +37,8 @@ class CondensationSettings(Settings):
     condense_dp_delta: float = Field(1e-5, gt=0, lt=1)  # delta of the (epsilon, delta) guarantee
     ipc: int = Field(10, ge=1, le=MANY)  # condensed images per class the client holds
     condense_iterations: int = Field(200, ge=1, le=MANY)  # paper-grade: DM 20,000, DC/DSA 1,000
-    condense_lr: float = Field(1.0, gt=0)  # SGD on the pixels; the authors: DM 1.0, DC/DSA 0.1
+    condense_lr: float = Field(1.0, gt=0)  # on the pixels; the authors (SGD): DM 1.0, DC/DSA 0.1
+    condense_optimizer: Literal["sgd", "adam"] = "sgd"  # sgd: momentum 0.5, as the authors
     condense_batch: int = Field(256, ge=1, le=MANY)  # real images per class per iteration
     dc_outer_loop: int = Field(10, ge=1, le=MANY)  # dc/dsa: matching steps per iteration
     # dc/dsa: network steps on the synthetic set between matching steps

@@ -173,6 +173,16 @@ def test_errors():
         CondenseConfig(ipc=0)
     with pytest.raises(ConfigError, match="valid: noise, real"):
         CondenseConfig(init="zeros")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="valid: sgd, adam"):
+        CondenseConfig(optimizer="lbfgs")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("optimizer, lr", [("sgd", 1.0), ("adam", 0.05)])
+def test_both_optimizers_match_embeddings(data, optimizer, lr):
+    x, y = data
+    before = run(x, y, ipc=4, iterations=1, lr=0.0, optimizer=optimizer)
+    after = run(x, y, ipc=4, iterations=60, real_per_class=40, lr=lr, optimizer=optimizer)
+    assert embedding_distance(*after, x, y) < 0.5 * embedding_distance(*before, x, y)
 
 
 def embedding_distance(syn_x, syn_y, x, y) -> float:
