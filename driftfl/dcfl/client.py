@@ -26,7 +26,8 @@ from driftfl.common.protocol import (CONDENSE, CONDENSE_EPSILON, CONDENSE_SECOND
                                      CONDENSED_COPIES, CONDENSED_SIMILARITY, CONFIG)
 from driftfl.common.training import TrainSettings, TrainStats, train_locally
 
-from driftfl.dcfl.condense import CondenseConfig, condense, noise_clip, progress_line
+from driftfl.dcfl.condense import (CondenseConfig, condense, condense_config, noise_clip,
+                                   progress_line)
 from driftfl.client import node
 from driftfl.client.job import ClientJob
 from driftfl.client.state import keep, recall
@@ -78,13 +79,7 @@ class DCFLClient:
         return SiameseAugment(parse_transforms(s.dsa_transforms)) if s.dsa else None
 
     def config(self) -> CondenseConfig:
-        s = self.settings
-        return CondenseConfig(method=s.condensation, init=s.condense_init, ipc=s.ipc,
-                              iterations=s.condense_iterations, lr=s.condense_lr,
-                              optimizer=s.condense_optimizer,
-                              real_per_class=s.condense_batch, outer_loop=s.dc_outer_loop,
-                              inner_loop=s.dc_inner_loop, net_lr=s.dc_net_lr,
-                              log_every=max(1, s.condense_iterations // 4))
+        return condense_config(self.settings)
 
     def privacy(self, y: torch.Tensor) -> PrivacyPlan | None:
         """DP-DM's plan for this node's class counts (None without condense_dp), its clip the

@@ -34,7 +34,7 @@ from __future__ import annotations
 import copy
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 import torch
@@ -42,7 +42,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from driftfl.common.augment import SiameseAugment
-from driftfl.dcfl.settings import PrivacyPlan
+from driftfl.dcfl.settings import CondensationSettings, PrivacyPlan
 from driftfl.common.errors import ConfigError
 from driftfl.common.models import DriftModel
 
@@ -81,6 +81,15 @@ class CondenseConfig:
                 raise ConfigError(f"condensation {name} must be at least 1")
         if self.inner_loop < 0:
             raise ConfigError("condensation inner_loop must not be negative")
+
+
+def condense_config(s: CondensationSettings) -> CondenseConfig:
+    """How a DCFL client with these settings condenses (a progress line every quarter)."""
+    return CondenseConfig(method=s.condensation, init=s.condense_init, ipc=s.ipc,
+                          iterations=s.condense_iterations, lr=s.condense_lr,
+                          optimizer=s.condense_optimizer, real_per_class=s.condense_batch,
+                          outer_loop=s.dc_outer_loop, inner_loop=s.dc_inner_loop,
+                          net_lr=s.dc_net_lr, log_every=max(1, s.condense_iterations // 4))
 
 
 def progress_line(client: int, iteration: int, total: int, loss: float, seconds: float) -> str:
@@ -391,3 +400,25 @@ def condense(x: Tensor, y: Tensor, num_classes: int, config: CondenseConfig, *,
                                      or iteration == config.iterations):
             progress(iteration, loss, time.perf_counter() - start)
     return syn.detach(), state.syn_y
+
+
+def seconds_per_iteration(config: CondenseConfig, make_network: Callable[[], DriftModel],
+                          shape: Sequence[int], num_classes: int,
+                          augment: SiameseAugment | None, timed: int = 3) -> float:
+    """What one iteration of ``config`` costs on this machine with one torch thread (a
+    simulated client's): ``timed`` iterations on N(0, 1) images (no client's data), a full
+    real batch of every class, after a first one (which also builds and checks the network)."""
+    x = torch.randn((num_classes * config.real_per_class, *shape),
+                    generator=torch.Generator().manual_seed(0))
+    y = torch.arange(num_classes).repeat_interleave(config.real_per_class)
+    done: list[float] = []  # seconds at the end of each iteration
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        condense(x, y, num_classes, replace(config, iterations=1 + timed, log_every=1),
+                 make_network=make_network, augment=augment if config.method != "dc" else None,
+                 generator=torch.Generator().manual_seed(0),
+                 progress=lambda _, __, seconds: done.append(seconds))
+    finally:
+        torch.set_num_threads(threads)
+    return (done[-1] - done[0]) / timed

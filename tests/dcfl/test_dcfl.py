@@ -3,6 +3,8 @@ the real ClientApp handlers (in process)."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
@@ -358,6 +360,18 @@ def test_real_initialisation_warns_how_close_the_images_are(fmnist_available, se
     row = strategy.server_metrics(lambda arrays: 0.0)
     assert row["condensed_copies"] and all(share > 0.5 for share in
                                            row["condensed_copies"].values())
+
+
+def test_the_first_lines_say_what_condensation_costs_a_client(fmnist_available, server_task,
+                                                             capsys):
+    """The cost line: iterations x one iteration timed on the server, for the run's model."""
+    run_rounds(["strategy=dcfl", *TINY, "strategy.pretrain_requests=0",
+                "strategy.condense_iterations=40", "strategy.condense_batch=16"], rounds=1)
+    line = next(x for x in capsys.readouterr().out.splitlines() if "condensing costs" in x)
+    seconds, per_iteration = re.search(r"about (\d+) s once .* ([\d.]+) ms an iteration", line).groups()
+    assert "40 iterations of 16 real images per class" in line and "of the mlp" in line
+    assert int(seconds) == round(40 * float(per_iteration) / 1e3)
+    assert 0 < float(per_iteration) < 5000
 
 
 def test_dcfl_over_fedprox_sends_mu_and_refuses_an_objective_it_cannot_serve():
