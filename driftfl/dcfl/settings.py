@@ -35,7 +35,10 @@ class CondensationSettings(Settings):
     condense_dp_noise: float | None = Field(None, gt=0)  # sigma, the noise multiplier, or ...
     condense_dp_epsilon: float | None = Field(None, gt=0)  # ... the epsilon each class's sigma meets
     condense_dp_delta: float = Field(1e-5, gt=0, lt=1)  # delta of the (epsilon, delta) guarantee
-    ipc: int = Field(10, ge=1, le=MANY)  # condensed images per class the client holds
+    ipc: int = Field(10, ge=1, le=MANY)  # condensed images per class the client condenses
+    # a class with fewer real images is not condensed nor shipped (its few images would come
+    # out as near-copies); null: ipc
+    condense_min_class: int | None = Field(None, ge=1, le=MANY)
     condense_iterations: int = Field(200, ge=1, le=MANY)  # paper-grade: DM 20,000, DC/DSA 1,000
     condense_lr: float = Field(1.0, gt=0)  # on the pixels; the authors (SGD): DM 1.0, DC/DSA 0.1
     condense_optimizer: Literal["sgd", "adam"] = "sgd"  # sgd: momentum 0.5, as the authors
@@ -50,6 +53,11 @@ class CondensationSettings(Settings):
     finetune_lr: float = Field(0.001, gt=0)  # eta_s (< lr, which is eta_c)
     finetune_batch_size: int = Field(32, ge=1, le=MANY)  # B_s
     condensed_use: Literal["finetune", "mix"] = "finetune"  # mix: one stage on local + received
+
+    @property
+    def min_class(self) -> int:
+        """The fewest real images a class needs to be condensed."""
+        return self.ipc if self.condense_min_class is None else self.condense_min_class
 
     @model_validator(mode="after")
     def _private_condensation(self):
@@ -127,7 +135,7 @@ def privacy_plan(settings: CondensationSettings, class_counts: Sequence[int],
 
     s, rates, noise, epsilons = settings, {}, {}, {}
     for c, n in enumerate(class_counts):
-        if n <= 0:
+        if n < max(1, s.min_class):  # not condensed: nothing of it is released
             continue
         rates[c] = min(1.0, s.condense_batch / n)
         noise[c] = (s.condense_dp_noise if s.condense_dp_noise is not None else
@@ -152,13 +160,13 @@ def read_condensed(record: ArrayRecord, shape: tuple[int, ...], num_classes: int
         images, labels = record["images"].numpy(), record["labels"].numpy()
     except Exception as err:  # missing or unreadable arrays
         return f"condensed set cannot be read: {err!r}"
-    n = len(labels) if labels.ndim == 1 else -1
-    if (images.dtype != np.float32 or labels.dtype != np.int64 or n < 1
+    n = len(labels) if labels.ndim == 1 else -1  # 0: a client with no class to condense
+    if (images.dtype != np.float32 or labels.dtype != np.int64 or n < 0
             or images.shape != (n, *shape)):
         expected = ", ".join(map(str, shape))
         return (f"condensed set is {images.dtype}{list(images.shape)} / "
                 f"{labels.dtype}{list(labels.shape)}, expected float32 [N, {expected}] / int64 [N]")
-    if not np.isfinite(images).all() or np.abs(images).max() > PIXEL_BOUND:
+    if not np.isfinite(images).all() or np.abs(images).max(initial=0.0) > PIXEL_BOUND:
         return "condensed images hold NaN/inf or out-of-range values"
     if ((labels < 0) | (labels >= num_classes)).any():
         return f"condensed labels outside 0..{num_classes - 1}"

@@ -36,10 +36,11 @@ def figures(metrics: Mapping) -> dict[str, float]:
             if isinstance(metrics.get(key), (int, float)) and np.isfinite(metrics[key])}
 
 
-def most_sampled(histogram: Sequence[int]) -> list[int]:
-    """The count of a client's smallest held class: at one noise multiplier the epsilon grows
-    with the sampling rate, so that class's is the client's (one PLD call, not one per class)."""
-    held = [int(n) for n in histogram if n > 0]
+def most_sampled(histogram: Sequence[int], min_class: int = 1) -> list[int]:
+    """The count of a client's smallest condensed class (at least ``min_class`` images): at one
+    noise multiplier the epsilon grows with the sampling rate, so that class's is the
+    client's (one PLD call, not one per class)."""
+    held = [int(n) for n in histogram if n >= max(1, min_class)]
     return [min(held)] if held else []
 
 
@@ -47,10 +48,10 @@ def announce(s: CondensationSettings, histograms: Sequence[tuple[str, np.ndarray
     """Print what will leave the clients (``histograms``: each client's name and surveyed label
     histogram, for the epsilon each gets from a fixed noise multiplier)."""
     how = f"{s.condensation.upper()} from {s.condense_init}, {s.condense_iterations} iterations"
-    print(f"DCFL: each explored client sends the server {s.ipc} condensed images per class "
-          f"it holds ({how}) and its classifier; the server sends them on to other "
-          "clients. Each client measures how close its set is to its own images when it "
-          "condenses (condensed_copies, condensed_similarity in metrics.csv"
+    print(f"DCFL: each explored client sends the server {s.ipc} condensed images of each "
+          f"class of which it holds at least {s.min_class} images ({how}) and its classifier; "
+          "the server sends them on to other clients. Each client measures how close its set "
+          "is to its own images when it condenses (condensed_copies, condensed_similarity in metrics.csv"
           + (", not sent under DP-DM" if s.condense_dp else "") + "; a deployed node prints "
           "it); `driftfl run` prints the audit of a simulation's sets after the run, and "
           "`driftfl audit <run dir>` measures them again.", flush=True)
@@ -66,7 +67,8 @@ def announce(s: CondensationSettings, histograms: Sequence[tuple[str, np.ndarray
               f"{s.condense_dp_delta:g})-DP for its images (replace-one), each class's noise "
               f"multiplier calibrated to it; embeddings clipped to {clip}.", flush=True)
     else:
-        epsilons = ", ".join(f"{name}: {privacy_plan(s, most_sampled(histogram)).epsilon:.3g}"
+        epsilons = ", ".join(f"{name}: "
+                             f"{privacy_plan(s, most_sampled(histogram, s.min_class)).epsilon:.3g}"
                              for name, histogram in histograms)
         print(f"DCFL: DP-DM with noise multiplier {s.condense_dp_noise:g}, embeddings clipped "
               f"to {clip}: (epsilon, delta={s.condense_dp_delta:g}, replace-one) by client "

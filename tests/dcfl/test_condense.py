@@ -246,3 +246,29 @@ def test_progress_calls(data):
 def test_progress_line():
     assert (progress_line(3, 200, 200, 0.0123, 4.13)
             == "condense: client 3 iteration 200/200, matching loss 0.0123, 4.1 s")
+
+
+def test_a_class_below_min_class_is_not_condensed_and_one_image_would_be_copied(data):
+    """Matching the mean embedding of a class's single image drives its synthetic images onto
+    that image (near-copies); with min_class such a class is not condensed at all."""
+    x, y = data
+    lone = torch.randn(1, *SHAPE, generator=torch.Generator().manual_seed(9))
+    x, y = torch.cat([x, lone]), torch.cat([y, torch.tensor([3])])
+    config = dict(ipc=2, iterations=150, lr=0.1, optimizer="adam", real_per_class=40)
+    images, labels = condense(x, y, 4, CondenseConfig(**config), make_network=network4,
+                              augment=None, generator=torch.Generator().manual_seed(0))
+    flat = lambda t: (t - t.mean(-1, keepdim=True)) / t.std(-1, keepdim=True)  # noqa: E731
+    copied = flat(images[labels == 3].flatten(1)) @ flat(lone.flatten(1)).T / (lone.numel() - 1)
+    assert copied.min() > 0.95
+    images, labels = condense(x, y, 4, CondenseConfig(**config, min_class=2),
+                              make_network=network4, augment=None,
+                              generator=torch.Generator().manual_seed(0))
+    assert labels.tolist() == [0, 0, 1, 1, 2, 2]
+    none, nothing = condense(lone, torch.tensor([3]), 4, CondenseConfig(**config, min_class=2),
+                             make_network=network4, augment=None,
+                             generator=torch.Generator().manual_seed(0))
+    assert none.shape == (0, *SHAPE) and nothing.shape == (0,)
+
+
+def network4():
+    return mlp(SHAPE, 4, hidden=(16,))

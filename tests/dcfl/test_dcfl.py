@@ -486,3 +486,15 @@ def test_finetune_own_set_sends_the_clients_own_set_back_after_the_filtered_grou
             images = msg.content.array_records[CONDENSED]["images"].numpy()
             assert not any(np.array_equal(images[-len(own):], own)
                            for own in [strategy.store[node][0]] if len(images) >= len(own))
+
+
+def test_an_empty_condensed_set_is_a_valid_reply():
+    """A client holding no class with min_class images ships no image, and that is no error."""
+    from flwr.app import Array, ArrayRecord
+
+    from driftfl.dcfl.settings import read_condensed
+
+    record = ArrayRecord({"images": Array(np.zeros((0, 1, 28, 28), np.float32)),
+                          "labels": Array(np.zeros(0, np.int64))})
+    images, labels = read_condensed(record, (1, 28, 28), 10, ipc=10)
+    assert images.shape == (0, 1, 28, 28) and labels.shape == (0,)

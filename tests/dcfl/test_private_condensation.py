@@ -296,3 +296,15 @@ def test_a_simulated_client_leaves_its_similarity_line_to_the_audit_after_the_ru
     dcfl_client({}).condense(x, y, torch.Generator())
     printed = capsys.readouterr().out
     assert "condense: client" in printed and "Pearson correlation" not in printed
+
+
+def test_a_class_too_small_to_condense_is_not_in_the_plan_nor_its_epsilon():
+    """condense_min_class (null: ipc): a class below it releases nothing, so it has no rate,
+    noise or epsilon, and the client's epsilon is its smallest condensed class's."""
+    settings = condensation_settings({"condense_dp": True, "condense_dp_noise": 1.0,
+                                      "condense_iterations": 50, "ipc": 10})
+    plan = privacy_plan(settings, [500, 4, 0, 600])
+    assert sorted(plan.rates) == [0, 3] and plan.epsilon == plan.epsilons[0]
+    assert privacy_plan(condensation_settings(
+        {**settings.model_dump(), "condense_min_class": 1}), [500, 4, 0, 600]).epsilon \
+        > plan.epsilon  # the 4-image class, sampled whole each iteration, would cost the most
