@@ -3,7 +3,8 @@ settings (iterations, optimiser and learning rate, real images per class per ite
 
 For each setting, clients of DCFL's Table II split (Fashion-MNIST, 20 clients, Dirichlet(0.5),
 seed 0; the first ``--clients`` of them) condense their own data as a DCFL client does (DM from
-noise, ipc 10, DSA, the MLP's features, one torch thread, seed = the client's index), and the
+noise, ipc 10 of each class holding at least 10 images, DSA, the MLP's features, one torch
+thread, seed = the client's index), and the
 union of their sets, what such a run ships, is scored:
   - ``dm``: a fresh MLP trained on the union alone (the papers' protocol, benchmarks/
     condense_quality.py: 300 epochs, DSA), tested on the 10,000 test images, mean ± std over
@@ -59,7 +60,7 @@ def condensed_union(data, parts, clients, setting: str):
     optimizer, lr, per_class, iterations = setting.split(":")
     config = CondenseConfig(method="dm", init="noise", ipc=10, iterations=int(iterations),
                             lr=float(lr), optimizer=optimizer, real_per_class=int(per_class),
-                            log_every=10**9)
+                            min_class=10, log_every=10**9)  # as DCFL: condense_min_class = ipc
     sets, randoms, found, seconds = [], [], [], []
     for client in clients:
         part = parts[client]

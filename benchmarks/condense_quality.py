@@ -70,7 +70,8 @@ FULL = {"iterations": 200, "epochs": 300, "evals": 3, "evaluators": "mlp,convnet
 def dm(x, y, args, seed: int, shape) -> tuple[torch.Tensor, torch.Tensor, float]:
     """(x, y) condensed as a DCFL client does it, with DM from noise; and its seconds."""
     config = CondenseConfig(method="dm", init="noise", ipc=args.ipc, iterations=args.iterations,
-                            lr=args.lr, real_per_class=args.real_per_class,
+                            lr=args.lr, optimizer=args.optimizer,
+                            real_per_class=args.real_per_class, min_class=args.ipc,
                             log_every=args.iterations)
     started = time.perf_counter()
     images, labels = condense(
@@ -188,6 +189,8 @@ def main() -> None:
     parser.add_argument("--run", type=Path, help="a DCFL run directory: score its shipped sets")
     parser.add_argument("--iterations", type=int, help="DM iterations (default 200)")
     parser.add_argument("--lr", type=float, default=1.0, help="DM's lr on the pixels")
+    parser.add_argument("--optimizer", choices=["sgd", "adam"], default="sgd",
+                        help="DM's optimiser on the pixels")
     parser.add_argument("--real-per-class", type=int, default=256)
     parser.add_argument("--ipc", type=int, default=10)
     parser.add_argument("--net", default="mlp", help="the condensation network (a model name)")
