@@ -116,12 +116,16 @@ class SiameseAugment:
 
         p = self.params
         if family == "color":
-            x = x + (value("brightness") - 0.5) * p.brightness
+            shift, contrast = (value("brightness") - 0.5) * p.brightness, value("contrast")
             if x.shape[1] > 1:  # grey is x itself for one channel: saturation changes nothing
+                x = x + shift
                 grey = x.mean(dim=1, keepdim=True)
                 x = (x - grey) * value("saturation") + grey
-            mean = x.mean(dim=(1, 2, 3), keepdim=True)
-            return (x - mean) * value("contrast") + mean
+                shift = 0.0
+            # contrast around each image's mean m (after the shift): (x + s - m) c + m,
+            # computed as c x + (c s + (1 - c) m) in one pass over the pixels
+            mean = x.mean(dim=(1, 2, 3), keepdim=True) + shift
+            return torch.addcmul(contrast * shift + (1 - contrast) * mean, x, contrast)
         if family == "crop":
             return _translate(x, params["dy"], params["dx"])
         if family == "cutout":
