@@ -39,10 +39,11 @@ class CondensationSettings(Settings):
     # a class with fewer real images is not condensed nor shipped (its few images would come
     # out as near-copies); null: ipc
     condense_min_class: int | None = Field(None, ge=1, le=MANY)
-    condense_iterations: int = Field(200, ge=1, le=MANY)  # paper-grade: DM 20,000, DC/DSA 1,000
-    condense_lr: float = Field(1.0, gt=0)  # on the pixels; the authors (SGD): DM 1.0, DC/DSA 0.1
-    condense_optimizer: Literal["sgd", "adam"] = "sgd"  # sgd: momentum 0.5, as the authors
-    condense_batch: int = Field(256, ge=1, le=MANY)  # real images per class per iteration
+    # chosen by measurement (docs/algorithms.md, DCFL); paper-grade: DM 20,000, DC/DSA 1,000
+    condense_iterations: int = Field(1000, ge=1, le=MANY)
+    condense_lr: float = Field(0.1, gt=0)  # on the pixels; the authors (SGD): DM 1.0, DC/DSA 0.1
+    condense_optimizer: Literal["sgd", "adam"] = "adam"  # sgd: momentum 0.5, as the authors
+    condense_batch: int = Field(64, ge=1, le=MANY)  # real images per class per iteration
     dc_outer_loop: int = Field(10, ge=1, le=MANY)  # dc/dsa: matching steps per iteration
     # dc/dsa: network steps on the synthetic set between matching steps
     dc_inner_loop: int = Field(50, ge=0, le=MANY)

@@ -259,7 +259,7 @@ def test_redaction_keeps_the_sentence_and_drops_every_path(tmp_path):
     ({"max-parameters": 100_000}, {"overrides": ["model=cnn"]},
      "model cnn has 1663370 parameters, which exceeds this node's max-parameters=100000"),
     ({"max-condense-iterations": 50}, {"overrides": ["strategy=dcfl"]},
-     "strategy.condense_iterations 200 exceeds this node's max-condense-iterations=50"),
+     "strategy.condense_iterations 1000 exceeds this node's max-condense-iterations=50"),
     ({"max-local-epochs": 2}, {"overrides": ["strategy=dcfl"],
                                "strategy": {"finetune_epochs": 3}},
      "strategy.finetune_epochs 3 exceeds this node's max-local-epochs=2"),
@@ -277,7 +277,7 @@ def test_a_dcfl_message_is_capped_whatever_the_strategy_says(tmp_path, server_ta
     """A server cannot dodge max-condense-iterations by naming another strategy."""
     reason = refusal({"data-dir": str(tmp_path / "x.npz"), "max-condense-iterations": 10},
                      experiment_json(), message_type="train", **{CONDENSE: True})
-    assert reason == "strategy.condense_iterations 200 exceeds this node's " \
+    assert reason == "strategy.condense_iterations 1000 exceeds this node's " \
                      "max-condense-iterations=10"
 
 
