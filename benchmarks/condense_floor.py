@@ -11,7 +11,9 @@ simulated client's), for the MLP, LeNet-5 and the FedAvg CNN:
 - ``pass``: the bare real pass (the model's ``features`` on the 2,560 images, without autograd);
 - ``before``: the loop of ``--before`` (default 3370376, the last commit before the batched
   loop), extracted with ``git archive`` and imported in its own process;
-- ``after``: the loop of this working tree.
+- ``after``: the loop of this working tree;
+- ``after, no DSA``: the same without augmentation (what DSA's transforms of the 2,560 real
+  images cost is the difference).
 
 Each is a fresh process, before and after alternating ``--repeats`` times (median kept), so
 that both see the same machine. Ratios are to the floor of the same process.
@@ -78,11 +80,14 @@ def worker(model: str, iterations: int, real_per_class: int) -> dict:
     config = CondenseConfig(method="dm", init="noise", ipc=10, iterations=iterations, lr=1.0,
                             real_per_class=real_per_class, log_every=10**9)
     rate_before = gemm_rate()
-    loop_s = seconds(lambda: condense(x, y, 10, config, make_network=make, augment=augment,
-                                      generator=torch.Generator().manual_seed(0)))
+    loop_s, plain_s = (seconds(lambda: condense(x, y, 10, config, make_network=make,
+                                                augment=aug,
+                                                generator=torch.Generator().manual_seed(0)))
+                       for aug in (augment, None))
     rate = max(rate_before, gemm_rate())
     return {"model": model, "flops": flops, "rate": rate, "floor": flops / rate,
-            "pass": pass_s, "iteration": loop_s / iterations}
+            "pass": pass_s, "iteration": loop_s / iterations,
+            "without_dsa": plain_s / iterations}
 
 
 def _pass_flops(net, images) -> int:
@@ -140,7 +145,7 @@ def main() -> None:
     print(f"DM, 10 classes x {args.real_per_class} real images, ipc 10, DSA, 1 thread; "
           f"before = {args.before}, after = this tree; median of {args.repeats}", flush=True)
     print("model    floor ms   pass ms (x floor)   before ms (x floor)   after ms (x floor)"
-          "   speed-up", flush=True)
+          "   speed-up   after, no DSA", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         before_tree = extract(args.before, Path(tmp))
         for model in args.models.split(","):
@@ -153,10 +158,12 @@ def main() -> None:
             passes = statistics.median(r["pass"] for r in runs["after"])
             before = statistics.median(r["iteration"] for r in runs["before"])
             after = statistics.median(r["iteration"] for r in runs["after"])
+            plain = statistics.median(r["without_dsa"] for r in runs["after"])
             rate = statistics.median(r["rate"] for r in runs["after"]) / 1e9
             print(f"{model:<8} {1e3 * floor:8.1f}   {1e3 * passes:7.1f} ({passes / floor:4.2f}x)"
                   f"     {1e3 * before:8.1f} ({before / floor:4.2f}x)"
                   f"       {1e3 * after:8.1f} ({after / floor:4.2f}x)     {before / after:5.2f}x"
+                  f"     {1e3 * plain:8.1f} ({plain / floor:4.2f}x)"
                   f"   [{runs['after'][0]['flops'] / 1e9:.2f} GFLOP at {rate:.0f} GFLOP/s]",
                   flush=True)
 
