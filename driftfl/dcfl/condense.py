@@ -1,14 +1,17 @@
 """Dataset condensation on a client: learn a few synthetic images per class that stand in for
 the client's real data.
 
-Three methods of Zhao & Bilen, each moving the synthetic pixels with SGD (momentum 0.5) from
-Gaussian noise (``init="noise"``, the default: what leaves the client never starts as one of its
+Three methods of Zhao & Bilen, each moving the synthetic pixels with SGD (momentum 0.5, the
+authors') or Adam from Gaussian noise (``init="noise"``, the default: what leaves the client never starts as one of its
 images) or from random real images (``init="real"``, the authors' default, which at a few hundred
 iterations ships near-copies of them), each outer iteration under a freshly initialised network:
 
 - ``dm``, distribution matching (WACV 2023): the mean embedding (``model.features``) of the
   synthetic images of each class should equal that of a batch of real images of that class;
-  the network stays frozen and untrained, so an iteration costs one forward/backward pass.
+  the network stays frozen and untrained, so an iteration costs one forward/backward pass:
+  every class's real batch gathered into one batch, each class's DSA transform applied to its
+  slice, embedded in one pass without autograd; the network re-initialised in place
+  (FreshNetworks), convolutional ones channels-last.
 - ``dc``, gradient matching (ICLR 2021): the network's cross-entropy gradients on synthetic and
   real batches of a class should point the same way (layer-wise cosine distance); between
   matching steps the network is trained on the synthetic set.
@@ -24,9 +27,10 @@ The networks run in eval mode under DP, so that an embedding is a function of it
 (a fresh BatchNorm then normalises by its running statistics, 0 and 1, not by the batch's): the
 clip bounds one image's part, whatever the rest of the batch is.
 
-The authors' paper-grade settings are DM: 20,000 iterations, lr 1.0, 256 real images per class;
-DC/DSA: 1,000 iterations, lr 0.1, outer/inner loops 10/50 at ipc 10. The defaults here are far
-smaller so that condensation runs in reasonable time on a CPU.
+The authors' paper-grade settings are DM: 20,000 SGD iterations, lr 1.0, 256 real images per
+class; DC/DSA: 1,000 iterations, lr 0.1, outer/inner loops 10/50 at ipc 10. DCFL's default
+(dcfl/settings.py) was chosen by measurement: 1,000 Adam iterations at lr 0.1 of 64 real images
+per class (docs/algorithms.md, DCFL).
 """
 
 from __future__ import annotations
