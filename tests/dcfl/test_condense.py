@@ -20,13 +20,7 @@ def images(n: int = 6, channels: int = 3, seed: int = 0) -> torch.Tensor:
     return torch.randn(n, channels, 8, 8, generator=torch.Generator().manual_seed(seed))
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tensors this small gain nothing from threads, which slow badly when the CPU is busy."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

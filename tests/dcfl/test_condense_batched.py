@@ -19,12 +19,7 @@ from driftfl.dcfl.settings import PrivacyPlan
 SHAPE, CLASSES, IPC = (1, 28, 28), [0, 2, 3], 3
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def client(seed: int = 0):
