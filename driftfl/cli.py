@@ -99,6 +99,12 @@ def _run_job(cfg, hydra_subdir: str | None = None, keep: Path | None = None,
         raise SystemExit(2) from None
     if hydra_subdir is not None:
         _save_hydra_files(cfg, run_dir, hydra_subdir)
+    if not deployed and experiment_cfg.strategy.name == "dcfl":  # its cost, before it starts
+        from driftfl.dcfl.cost import cost_line
+
+        data = experiment.data
+        print(cost_line(experiment_cfg.strategy.model_dump(), experiment_cfg.model, data.shape,
+                        data.num_classes), flush=True)
     launch = launch_deployment if deployed else launch_simulation
     code = launch(experiment_cfg, overrides, run_dir, resume)
     if code:

@@ -57,3 +57,14 @@ def nginx_installed():
     out = subprocess.run(["bash", str(REPO / "scripts" / "setup-deployment.sh")],
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tensors this small gain nothing from threads, which slow badly when the CPU is busy."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

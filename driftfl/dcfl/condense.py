@@ -38,7 +38,7 @@ from __future__ import annotations
 import copy
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
@@ -415,24 +415,3 @@ def condense(x: Tensor, y: Tensor, num_classes: int, config: CondenseConfig, *,
             progress(iteration, loss, time.perf_counter() - start)
     return syn.detach(), state.syn_y
 
-
-def seconds_per_iteration(config: CondenseConfig, make_network: Callable[[], DriftModel],
-                          shape: Sequence[int], num_classes: int,
-                          augment: SiameseAugment | None, timed: int = 3) -> float:
-    """What one iteration of ``config`` costs on this machine with one torch thread (a
-    simulated client's): ``timed`` iterations on N(0, 1) images (no client's data), a full
-    real batch of every class, after a first one (which also builds and checks the network)."""
-    x = torch.randn((num_classes * config.real_per_class, *shape),
-                    generator=torch.Generator().manual_seed(0))
-    y = torch.arange(num_classes).repeat_interleave(config.real_per_class)
-    done: list[float] = []  # seconds at the end of each iteration
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        condense(x, y, num_classes, replace(config, iterations=1 + timed, log_every=1),
-                 make_network=make_network, augment=augment if config.method != "dc" else None,
-                 generator=torch.Generator().manual_seed(0),
-                 progress=lambda _, __, seconds: done.append(seconds))
-    finally:
-        torch.set_num_threads(threads)
-    return (done[-1] - done[0]) / timed

@@ -74,12 +74,3 @@ def announce(s: CondensationSettings, histograms: Sequence[tuple[str, np.ndarray
               f"to {clip}: (epsilon, delta={s.condense_dp_delta:g}, replace-one) by client "
               + epsilons, flush=True)
 
-
-def cost_line(s: CondensationSettings, seconds: float, model: str) -> str:
-    """What condensation costs a client, from one iteration's ``seconds`` timed here."""
-    how = (f"{s.condense_iterations} iterations of {s.condense_batch} real images per class, "
-           f"{s.condense_optimizer} lr {s.condense_lr:g}")
-    return (f"DCFL: condensing costs each explored client about "
-            f"{s.condense_iterations * seconds:.0f} s once ({how}): {1e3 * seconds:.1f} ms an "
-            f"iteration of the {model}, timed here on one thread for a client holding every "
-            "class (another machine's clients may differ)")

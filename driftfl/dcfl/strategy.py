@@ -41,12 +41,10 @@ from driftfl.dcfl.settings import CondensationSettings
 from driftfl.common.protocol import (ARRAYS, CONDENSE, CONDENSED, CONFIG, DATASET_META,
                                      DCFL_CONDENSE, METHOD, NUM_EXAMPLES, PROXIMAL_MU,
                                      SERVER_ROUND, DatasetMeta, load_numpy)
-from driftfl.common.models import ModelSettings, build_model
 from driftfl.common.settings import MANY
 from driftfl.common.training import CrossEntropy, TrainSettings, train_locally
 
 from driftfl.dcfl import shipped
-from driftfl.dcfl.condense import condense_config, seconds_per_iteration
 from driftfl.strategies.parts.aggregation import ClientUpdate, to_numpy, to_record
 from driftfl.strategies.base import DriftStrategy, StrategySettings
 from driftfl.dcfl.cka import (cka_input, complementary_group, keep_lowest_loss, linear_cka,
@@ -104,7 +102,7 @@ class DCFL(DriftStrategy):
                  group_size: int | None, cka_of: str, finetune: TrainSettings, mix: bool,
                  finetune_own_set: bool,
                  augment: SiameseAugment | None,
-                 ipc: int, condensing: CondensationSettings, model_spec: ModelSettings,
+                 ipc: int, condensing: CondensationSettings,
                  proximal_mu: float | None, seed: int, device: str, **kwargs):
         super().__init__(**kwargs)
         self.model = model  # a scratch copy: the filter's losses, the pre-training
@@ -119,7 +117,6 @@ class DCFL(DriftStrategy):
         self.exchange = mix or finetune.epochs > 0  # whether any images are sent
         self.augment, self.ipc = augment, ipc
         self.condensing = condensing  # how clients condense: what the run's first lines say
-        self.model_spec = model_spec  # the model clients build: the cost line times it
         self.proximal_mu, self.seed, self.device = proximal_mu, seed, device
         self.explored: list[int] = []  # node ids, in the order they were explored
         self.classifiers: list[np.ndarray] = []  # what the CKA compares (cka_of), same order
@@ -151,7 +148,6 @@ class DCFL(DriftStrategy):
                 "ipc": settings.ipc,
                 "condensing": CondensationSettings.model_validate(
                     settings.model_dump(include=set(CondensationSettings.model_fields))),
-                "model_spec": experiment.model,
                 "proximal_mu": settings.mu if settings.objective == "prox" else None,
                 "seed": experiment.seed, "device": experiment.device}
 
@@ -300,12 +296,6 @@ class DCFL(DriftStrategy):
         shipped.announce(self.condensing, [
             (known.name(node), histogram) for node, histogram
             in sorted(known.histograms.items(), key=lambda item: known.rank(item[0]))])
-        classes = self.head_shape()[0]
-        seconds = seconds_per_iteration(
-            condense_config(self.condensing),
-            lambda: build_model(self.model_spec, self.image_shape, classes), self.image_shape,
-            classes, SiameseAugment(parse_transforms(self.condensing.dsa_transforms)))
-        print(shipped.cost_line(self.condensing, seconds, self.model_spec.name), flush=True)
 
     def infer_shape(self, config: ConfigRecord) -> list[int]:
         return DatasetMeta.from_json(str(config[DATASET_META])).shape

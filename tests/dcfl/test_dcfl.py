@@ -362,15 +362,18 @@ def test_real_initialisation_warns_how_close_the_images_are(fmnist_available, se
                                            row["condensed_copies"].values())
 
 
-def test_the_first_lines_say_what_condensation_costs_a_client(fmnist_available, server_task,
-                                                             capsys):
-    """The cost line: iterations x one iteration timed on the server, for the run's model."""
-    run_rounds(["strategy=dcfl", *TINY, "strategy.pretrain_requests=0",
-                "strategy.condense_iterations=40", "strategy.condense_batch=16"], rounds=1)
-    line = next(x for x in capsys.readouterr().out.splitlines() if "condensing costs" in x)
-    seconds, per_iteration = re.search(r"about (\d+) s once .* ([\d.]+) ms an iteration", line).groups()
-    assert "40 iterations of 16 real images per class" in line and "of the mlp" in line
-    assert int(seconds) == round(40 * float(per_iteration) / 1e3)
+def test_the_cost_line_says_what_condensation_costs_a_client():
+    """Before a simulated DCFL run starts (`driftfl run` prints it): the iterations times one
+    iteration of the run's settings and model, timed here on noise images."""
+    from driftfl.common.models import model_settings
+    from driftfl.dcfl.cost import cost_line
+
+    line = cost_line({"condense_iterations": 40, "condense_batch": 16, "dsa": True},
+                     model_settings({"name": "mlp"}), (1, 28, 28), 10)
+    seconds, per_iteration = re.search(r"about (\d+) s once .* ([\d.]+) ms an iteration",
+                                       line).groups()
+    assert "40 iterations of 16 real images per class, adam lr 0.1" in line
+    assert "of the mlp" in line and int(seconds) == round(40 * float(per_iteration) / 1e3)
     assert 0 < float(per_iteration) < 5000
 
 

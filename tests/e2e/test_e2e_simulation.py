@@ -414,6 +414,8 @@ def test_a_dcfl_runs_console_shows_driftfls_lines_each_once(tmp_path, fmnist_ava
     console = out.stdout + out.stderr
     assert out.returncode == 0, console[-3000:]
     assert not re.search(r"pid=\d+|repeated \d+x|\x1b\[36m", console), console
+    assert re.search(r"^DCFL: condensing costs each explored client about \d+ s once \(dm "
+                     r"from noise, 20 iterations", console, re.M), console[:3000]
     for client in range(4):
         assert len(re.findall(rf"client {client}: \d+ of \d+ shipped images", console)) == 1
         assert re.search(rf"^condense: client {client} iteration 20/20, ", console, re.M)
