@@ -177,7 +177,7 @@ def markdown(path: Path) -> None:
         anchors = ", ".join(f"{k} {paper[k][0]} ± {paper[k][1]}" for k in wanted if k in paper)
         split = r.get("partition") or r.get("run") or "-"
         print(f"| {r['dataset']} | {r['source']} | {split} | {r['set']} | {r['images']} | "
-              f"{r.get('iterations') or '-'} | {r['evaluator']} | {r['epochs']} | {r['mean']:.1f} ± {r['std']:.1f} | "
+              f"{r.get('iterations') if r['set'] == 'dm' else '-'} | {r['evaluator']} | {r['epochs']} | {r['mean']:.1f} ± {r['std']:.1f} | "
               f"{anchors or '-'} |")
 
 
