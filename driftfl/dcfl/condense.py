@@ -2,9 +2,10 @@
 the client's real data.
 
 Three methods of Zhao & Bilen, each moving the synthetic pixels with SGD (momentum 0.5, the
-authors') or Adam from Gaussian noise (``init="noise"``, the default: what leaves the client never starts as one of its
-images) or from random real images (``init="real"``, the authors' default, which at a few hundred
-iterations ships near-copies of them), each outer iteration under a freshly initialised network:
+authors') or Adam from Gaussian noise (``init="noise"``, the default: what leaves the client
+never starts as one of its images) or from random real images (``init="real"``, the authors'
+default, which at a few hundred iterations ships near-copies of them), each outer iteration
+under a freshly initialised network:
 
 - ``dm``, distribution matching (WACV 2023): the mean embedding (``model.features``) of the
   synthetic images of each class should equal that of a batch of real images of that class;

@@ -51,7 +51,8 @@ def announce(s: CondensationSettings, histograms: Sequence[tuple[str, np.ndarray
     print(f"DCFL: each explored client sends the server {s.ipc} condensed images of each "
           f"class of which it holds at least {s.min_class} images ({how}) and its classifier; "
           "the server sends them on to other clients. Each client measures how close its set "
-          "is to its own images when it condenses (condensed_copies, condensed_similarity in metrics.csv"
+          "is to its own images when it condenses (condensed_copies, condensed_similarity in "
+          "metrics.csv"
           + (", not sent under DP-DM" if s.condense_dp else "") + "; a deployed node prints "
           "it); `driftfl run` prints the audit of a simulation's sets after the run, and "
           "`driftfl audit <run dir>` measures them again.", flush=True)

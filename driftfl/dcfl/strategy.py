@@ -254,8 +254,8 @@ class DCFL(DriftStrategy):
         self.log = RoundLog()
         if not self.started:
             self.started = True
-            self.image_shape = tuple(self.infer_shape(config))
             self.announce()
+            self.image_shape = tuple(self.infer_shape(config))
             arrays = self.pretrain(arrays, config, grid)
         self.global_arrays = to_numpy(arrays)
         config[SERVER_ROUND] = server_round
