@@ -194,6 +194,8 @@ class RunRecorder:
         the arrays in the dataset's pixel scale (``x`` uint8 (N, H, W) or (N, H, W, C), ``y``),
         which `driftfl audit` and any script can compare with the clients' real data."""
         for name, (x, y) in images.items():
+            if not len(y):  # a DCFL client with no class to condense shipped nothing
+                continue
             folder = self.dir / "images"
             folder.mkdir(exist_ok=True)
             pixels = to_pixels(x, mean, std)

@@ -126,6 +126,10 @@ def test_the_run_directory_keeps_each_shipped_set_in_pixel_scale(tmp_path):
         assert np.array_equal(shipped["x"], x[:, 0]) and shipped["y"].dtype == np.int64
         assert shipped["y"].tolist() == y.tolist()
     assert (folder / "client_3.png").is_file()
+    # a client with no class to condense ships an empty set: nothing to keep, nothing to plot
+    recorder.add_images({"client_4": (np.zeros((0, 1, *x.shape[2:]), np.float32),
+                                      np.zeros(0, np.int64))}, mean, std)
+    assert not any(folder.glob("client_4*"))
 
 
 # -- driftfl audit on a hand-built run directory ------------------------------------------
