@@ -7,6 +7,9 @@
     driftfl split DIR [overrides]       each client's share of the data as its own file
     driftfl audit RUN_DIR               how close the images a run's clients shipped are to
                                         their real data
+    driftfl evaluate RUN_DIR [overrides]
+                                        a saved model's accuracy overall, per class and per
+                                        client, on its run's data or other data
     driftfl secure init|connect|register|proxy
                                         credentials, connections, node registration, the
                                         fleet proxy
@@ -53,6 +56,11 @@ commands:
                       >= 0.95) per client, audit.json, and a PNG pairing each shipped image
                       with its nearest real one; a deployed run's data: --data DIR, the files
                       `driftfl split` wrote
+  evaluate RUN_DIR|MODEL.pt [overrides] [--out FILE.json]
+                      a saved model's test accuracy overall and per class, and each client's
+                      on its held-out share (client_test_fraction), on the run's own experiment
+                      or with overrides on top, e.g.
+                      driftfl evaluate outputs/first partition.alpha=0.1 client_test_fraction=0.2
   secure init|connect|register|proxy
                       a secure deployment: the CA, the SuperLink's certificate and node keys;
                       a SuperLink connection for flwr; registering node keys; the proxy
@@ -174,8 +182,9 @@ def refusal(args: list[str], reachable: bool = True) -> str | None:
     own advice (`+roundz=3` for a typo): every combination of swept config groups is composed
     and checked, a swept value at its first value; ``reachable``: and where the run would go
     (its federation, its Ray cluster). None when all is well, or when Hydra should speak for
-    itself (glob sweeps). Every combination is composed before the settings' schema is
-    imported (torch, Flower: seconds), so an unknown or misplaced setting is refused at once."""
+    itself (glob sweeps). Every combination is composed, and its settings outside the dataset,
+    model and server sections checked, before the full schema is imported (torch, Flower:
+    seconds), so an unknown or misplaced setting or a bad value of those is refused at once."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     from driftfl.common.composing import composed, conf_dir
@@ -200,6 +209,11 @@ def refusal(args: list[str], reachable: bool = True) -> str | None:
             experiments.append(composed(list(combination)))
         except ConfigError as err:
             return str(err)
+    from driftfl.common.experiment_settings import settings_problem
+
+    for settings in experiments:  # what needs neither torch nor Flower, refused in a blink
+        if problem := settings_problem(settings):
+            return problem
     from driftfl.launch import check_destination
     from driftfl.methods import check_experiment
 
@@ -358,6 +372,10 @@ def dispatch(argv: list[str]) -> None:
         from driftfl.audit import main as audit
 
         audit(args)
+    elif command == "evaluate":
+        from driftfl.evaluate import main as evaluate
+
+        evaluate(args)
     elif command == "split":
         from driftfl.deploy.split import main as split
 
@@ -367,8 +385,8 @@ def dispatch(argv: list[str]) -> None:
 
         secure(args)
     else:
-        print(f"driftfl: unknown command '{command}'; valid: audit, report, run, secure, "
-              f"split\n\n{USAGE}", file=sys.stderr, end="")
+        print(f"driftfl: unknown command '{command}'; valid: audit, evaluate, report, run, "
+              f"secure, split\n\n{USAGE}", file=sys.stderr, end="")
         raise SystemExit(2)
 
 

@@ -22,7 +22,7 @@ def test_help_and_unknown_command(tmp_path):
     out = driftfl("--help", cwd=tmp_path)
     assert out.returncode == 0 and "driftfl run" in out.stdout
     out = driftfl("frobnicate", cwd=tmp_path)
-    assert out.returncode == 2 and "unknown command 'frobnicate'; valid: audit, report, run" in out.stderr
+    assert out.returncode == 2 and "unknown command 'frobnicate'; valid: audit, evaluate, report, run" in out.stderr
 
 
 @pytest.mark.parametrize("override, message", [
