@@ -1,4 +1,5 @@
-"""The run directory: config, provenance, per-round metrics, partition, final model, plot."""
+"""The run directory: config, provenance, per-round metrics, partition, final model; its
+pictures are drawn by plots.py."""
 
 from __future__ import annotations
 
@@ -18,7 +19,10 @@ import yaml
 
 from driftfl.common.config import ExperimentConfig
 from driftfl.common.leakage import to_pixels
+from driftfl.common.partition import describe
 
+from .plots import (plot_accuracy, plot_clients, plot_heatmaps, plot_image_grid,
+                    plot_partition, plot_per_class)
 from .tracker import make_tracker
 
 PACKAGES = ("driftfl", "flwr", "flwr-datasets", "torch", "torchvision", "numpy", "hydra-core",
@@ -106,6 +110,11 @@ class RunRecorder:
         self.node_changes: list[dict] = (json.loads(earlier.read_text()).get("node_changes", [])
                                          if resumed and earlier.is_file() else [])
         self.tracker = make_tracker(cfg.tracker, self.dir)
+        # deployed nodes report their own label counts in the data survey; the server has no
+        # data of theirs to check them against (partition.png says so)
+        self.split = ("as the nodes reported them" if cfg.superlink is not None
+                      else f"{describe(cfg.partition)} split")
+        self.classes: list[str] | None = None  # the dataset's class names, once known
         # per-client evaluation's rows (clients.csv); a resumed run keeps its earlier rounds'
         self.clients: list[dict] = _earlier_clients(self.dir, resumed["round"]) if resumed else []
         (self.dir / "config.yaml").write_text(
@@ -147,6 +156,12 @@ class RunRecorder:
         """partition.json: the data, the split and which node holds each client's share."""
         self.partition_summary = {**summary, "node_changes": self.node_changes}
         self._write_json("partition.json", self.partition_summary)
+        self.classes = summary.get("classes")
+        counted = [c for c in summary.get("clients", []) if c.get("label_histogram")]
+        if counted:  # partition.png: the clients' label counts, where they are known
+            plot_partition(counted, self.classes, self.dir / "partition.png",
+                           f"clients' training labels on {summary.get('dataset', '?')} "
+                           f"({self.split})")
 
     def clients_moved(self, clients: list[dict], moved: dict[int, int]) -> None:
         """Restarted nodes took their partitions back under new node ids (old -> new):
@@ -207,136 +222,10 @@ class RunRecorder:
         self._write_json("metrics.json", {"rounds": self.rows, "summary": summary})
         self._write_json("summary.json", summary)
         plot_accuracy(self.rows, self.dir / "accuracy.png", title)
+        plot_per_class(self.rows, self.classes, self.dir / "per_class.png", title)
         if self.clients:
             plot_clients(self.clients, self.dir / "clients.png", title)
         for name, by_round in self.arrays.items():
             plot_heatmaps(by_round, self.dir / f"{name}.png", name)
         if self.tracker:
             self.tracker.close()
-
-
-AXES = {"credibility": ("predicted class", "true class"), "cka": ("client", "client")}
-
-
-def plot_image_grid(pixels: np.ndarray, y: np.ndarray, path: Path, title: str) -> None:
-    """Images in pixel scale (uint8 (N, H, W) or (N, H, W, C), as leakage.to_pixels gives
-    them) tiled one row per label."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    pixels = (pixels[..., None] if pixels.ndim == 3 else pixels) / 255.0  # N, H, W, C
-    labels = sorted(set(y.tolist()))
-    rows = [np.flatnonzero(y == label) for label in labels]
-    n, h, w, c = pixels.shape
-    width = max(len(r) for r in rows)
-    canvas = np.ones(((h + 2) * len(rows), (w + 2) * width, c))  # white 2-pixel gaps
-    for r, members in enumerate(rows):
-        for col, i in enumerate(members):
-            canvas[r * (h + 2):r * (h + 2) + h, col * (w + 2):col * (w + 2) + w] = pixels[i]
-    fig, ax = plt.subplots(figsize=(max(3.0, width * 0.6), len(rows) * 0.6 + 0.6))
-    ax.imshow(canvas[..., 0] if c == 1 else canvas, cmap="gray", vmin=0, vmax=1)
-    ax.set_yticks([r * (h + 2) + h / 2 for r in range(len(rows))],
-                  [f"class {label}" for label in labels], fontsize=7)
-    ax.set_xticks([])
-    ax.set_title(title, fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-
-
-def plot_heatmaps(by_round: dict[str, np.ndarray], path: Path, name: str) -> None:
-    """The first and the last round's matrix side by side (all rounds are in <name>.npz)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    keys = sorted(by_round, key=lambda k: int(k.split("_")[1]))
-    shown = [keys[0], keys[-1]] if len(keys) > 1 else keys
-    fig, axes = plt.subplots(1, len(shown), figsize=(5 * len(shown), 4.4), squeeze=False)
-    for ax, key in zip(axes[0], shown):
-        image = ax.imshow(by_round[key], vmin=0, vmax=1, cmap="viridis")
-        x_label, y_label = AXES.get(name, ("", ""))
-        ax.set(title=f"{name}, round {key.split('_')[1]}", xlabel=x_label, ylabel=y_label)
-        fig.colorbar(image, ax=ax, fraction=0.046)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
-OUTCOME_COLOURS = {"accepted": "tab:green", "rejected": "tab:red", "dropped": "tab:gray",
-                   "lost": "black", "late": "tab:orange"}
-
-
-def plot_clients(rows: list[dict], path: Path, title: str) -> None:
-    """clients.csv in a picture: per client the rounds it was in, by outcome, and where
-    per-client evaluation ran, its last measured accuracy before and after local training."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    names = list(dict.fromkeys(r["client"] for r in sorted(
-        rows, key=lambda r: (not str(r["client"]).isdigit(),
-                             int(r["client"]) if str(r["client"]).isdigit() else 0))))
-    place = {name: i for i, name in enumerate(names)}
-    last: dict[str, dict] = {}  # the last measured accuracies per client
-    for r in rows:
-        if r.get("acc_after") not in (None, ""):
-            last[r["client"]] = r
-    fig, axes = plt.subplots(1, 2 if last else 1, figsize=(11 if last else 6,
-                             max(3.0, 0.22 * len(names) + 1.2)), squeeze=False)
-    bars, left = axes[0][0], np.zeros(len(names))
-    for outcome, colour in OUTCOME_COLOURS.items():
-        counts = np.zeros(len(names))
-        for r in rows:
-            if r.get("outcome", "accepted") == outcome:
-                counts[place[r["client"]]] += 1
-        if counts.any():
-            bars.barh(range(len(names)), counts, left=left, color=colour, label=outcome)
-            left += counts
-    bars.set(xlabel="rounds", ylabel="client", title="rounds per client, by outcome")
-    bars.set_yticks(range(len(names)), names, fontsize=7 if len(names) > 20 else 9)
-    bars.invert_yaxis()
-    bars.legend(fontsize=8, ncol=len(OUTCOME_COLOURS), loc="upper center",
-                bbox_to_anchor=(0.5, -0.3 if len(names) < 8 else -0.12))
-    if last:
-        accuracy = axes[0][1]
-        for phase, marker in (("before", "o"), ("after", "s")):
-            shown = [n for n in names if n in last]
-            accuracy.scatter([100 * float(last[n][f"acc_{phase}"]) for n in shown],
-                             [place[n] for n in shown], marker=marker,
-                             label=f"{phase} local training")
-        accuracy.set(xlabel="accuracy on its held-out split (%)",
-                     title="last measured round", ylim=bars.get_ylim())
-        accuracy.set_yticks([])
-        accuracy.legend(fontsize=8)
-        accuracy.grid(alpha=0.3)
-    fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
-def plot_accuracy(rows: list[dict], path: Path, title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.ticker import MaxNLocator
-
-    rounds = [r["round"] for r in rows]
-    fig, (acc_ax, loss_ax) = plt.subplots(1, 2, figsize=(10, 4))
-    acc_ax.plot(rounds, [100 * r["test_accuracy"] for r in rows], marker="o")
-    acc_ax.set(xlabel="round", ylabel="test accuracy (%)", title="global model accuracy")
-    loss_ax.plot(rounds, [r["test_loss"] for r in rows], marker="o", color="tab:red")
-    loss_ax.set(xlabel="round", ylabel="test loss", title="global model loss")
-    for ax in (acc_ax, loss_ax):
-        ax.grid(alpha=0.3)
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120, metadata={"Title": title})  # a script can read what it shows
-    plt.close(fig)

@@ -1,0 +1,224 @@
+"""The run directory's pictures: accuracy and loss, per-class accuracy, the clients' label split
+(drawn by flwr-datasets), the clients' rounds and accuracies, per-round matrices and image
+sets. Matplotlib draws on its Agg backend: a server has no display."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+MAX_LINES = 20  # classes drawn as curves (tab20's colours); more are drawn as a heatmap
+MAX_CLIENT_ROWS = 100  # clients drawn in partition.png; the rest are in partition.json
+
+
+def pyplot():
+    """matplotlib.pyplot on the Agg backend."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def class_names(classes: list[str] | None, count: int) -> list[str]:
+    """The dataset's class names where they are known (one per class), else the indices."""
+    return list(map(str, classes)) if classes and len(classes) == count else [
+        str(i) for i in range(count)]
+
+
+def plot_partition(clients: list[dict], classes: list[str] | None, path: Path, title: str):
+    """partition.png: each client's label counts (partition.json's), by flwr-datasets'
+    ``plot_label_distributions``: stacked bars with a legend of class names, or a heatmap where
+    there are more than MAX_LINES classes. Returns the counts it drew (clients x classes)."""
+    from flwr_datasets.visualization import plot_label_distributions
+
+    from .known_counts import LABEL, KnownCountsPartitioner
+
+    plt = pyplot()
+    shown = clients[:MAX_CLIENT_ROWS]
+    names = class_names(classes, len(shown[0]["label_histogram"]))
+    many = len(names) > MAX_LINES
+    if len(clients) > len(shown):
+        title += f"\n(the first {len(shown)} of {len(clients)} clients; all in partition.json)"
+    row_height = 0.12 if many else 0.25  # a heatmap's rows can be thinner than bars
+    fig, ax = plt.subplots(figsize=(max(7.0, 0.12 * len(names) + 4) if many else 8,
+                                    max(3.5, row_height * len(shown) + 1.5)),
+                           layout="constrained")
+    _, ax, counts = plot_label_distributions(
+        KnownCountsPartitioner([c["label_histogram"] for c in shown], names), LABEL,
+        plot_type="heatmap" if many else "bar", partition_id_axis="y", axis=ax, title=title,
+        cmap=None if many else ("tab10" if len(names) <= 10 else "tab20"),
+        legend=many, legend_title="training samples", verbose_labels=True)
+    if not many:  # beside the bars, in class order (flwr-datasets' legend falls outside the
+        # saved figure and lists the classes backwards)
+        fig.legend(*ax.get_legend_handles_labels(), title="class", fontsize=8,
+                   loc="outside right upper")
+    who = [str(c["partition_id"]) if c["partition_id"] >= 0 else f"own data (node {c['node_id']})"
+           for c in shown]
+    # bars stand at 0..n-1, a heatmap's rows at 0.5..n-0.5: named by their clients, every
+    # step-th where there are too many to read
+    step = max(1, len(who) // 40)
+    ax.set_yticks(np.arange(0, len(who), step) + (0.5 if many else 0), who[::step],
+                  fontsize=7 if len(who) > 30 else 9, rotation=0)
+    if not many:
+        ax.invert_yaxis()  # client 0 on top, as in the console's table and the heatmap
+    ax.set(ylabel="client (partition)", xlabel="training samples" if not many else "class")
+    fig.savefig(path, dpi=110, metadata={"Title": title})
+    plt.close(fig)
+    return counts
+
+
+def plot_per_class(rows: list[dict], classes: list[str] | None, path: Path, title: str) -> bool:
+    """per_class.png: the global model's test accuracy on each class over the rounds (metrics.csv's
+    acc_class_* columns): a curve per class, or a class x round heatmap where there are more than
+    MAX_LINES classes. False (nothing drawn) where no round measured it."""
+    measured = [r for r in rows if r.get("per_class_accuracy")]
+    if not measured:
+        return False
+    from matplotlib.ticker import MaxNLocator
+
+    plt = pyplot()
+    rounds = [r["round"] for r in measured]
+    accuracy = 100 * np.array([r["per_class_accuracy"] for r in measured], dtype=float)
+    names = class_names(classes, accuracy.shape[1])
+    if len(names) <= MAX_LINES:
+        fig, ax = plt.subplots(figsize=(9, 4.5), layout="constrained")
+        colours = plt.get_cmap("tab10" if len(names) <= 10 else "tab20").colors
+        for i, name in enumerate(names):
+            ax.plot(rounds, accuracy[:, i], marker="o", markersize=3, color=colours[i],
+                    label=f"{i} {name}" if name != str(i) else name)
+        ax.set(xlabel="round", ylabel="test accuracy on the class (%)", ylim=(-2, 102))
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.grid(alpha=0.3)
+        ax.legend(title="class", fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1),
+                  borderaxespad=0)
+    else:
+        fig, ax = plt.subplots(figsize=(max(6.0, 0.25 * len(rounds) + 3),
+                                        max(4.0, 0.12 * len(names) + 1.5)), layout="constrained")
+        image = ax.imshow(accuracy.T, aspect="auto", vmin=0, vmax=100, cmap="viridis",
+                          interpolation="nearest",
+                          extent=(rounds[0] - 0.5, rounds[-1] + 0.5, len(names) - 0.5, -0.5))
+        ax.set(xlabel="round", ylabel="class")
+        if len(names) <= 60:
+            ax.set_yticks(range(len(names)), names, fontsize=6)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        fig.colorbar(image, ax=ax, fraction=0.05, label="test accuracy on the class (%)")
+    ax.set_title(f"{title}\nglobal model's test accuracy per class", fontsize=10)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+AXES = {"credibility": ("predicted class", "true class"), "cka": ("client", "client")}
+
+
+def plot_image_grid(pixels: np.ndarray, y: np.ndarray, path: Path, title: str) -> None:
+    """Images in pixel scale (uint8 (N, H, W) or (N, H, W, C), as leakage.to_pixels gives
+    them) tiled one row per label."""
+    plt = pyplot()
+    pixels = (pixels[..., None] if pixels.ndim == 3 else pixels) / 255.0  # N, H, W, C
+    labels = sorted(set(y.tolist()))
+    rows = [np.flatnonzero(y == label) for label in labels]
+    n, h, w, c = pixels.shape
+    width = max(len(r) for r in rows)
+    canvas = np.ones(((h + 2) * len(rows), (w + 2) * width, c))  # white 2-pixel gaps
+    for r, members in enumerate(rows):
+        for col, i in enumerate(members):
+            canvas[r * (h + 2):r * (h + 2) + h, col * (w + 2):col * (w + 2) + w] = pixels[i]
+    fig, ax = plt.subplots(figsize=(max(3.0, width * 0.6), len(rows) * 0.6 + 0.6))
+    ax.imshow(canvas[..., 0] if c == 1 else canvas, cmap="gray", vmin=0, vmax=1)
+    ax.set_yticks([r * (h + 2) + h / 2 for r in range(len(rows))],
+                  [f"class {label}" for label in labels], fontsize=7)
+    ax.set_xticks([])
+    ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def plot_heatmaps(by_round: dict[str, np.ndarray], path: Path, name: str) -> None:
+    """The first and the last round's matrix side by side (all rounds are in <name>.npz)."""
+    plt = pyplot()
+    keys = sorted(by_round, key=lambda k: int(k.split("_")[1]))
+    shown = [keys[0], keys[-1]] if len(keys) > 1 else keys
+    fig, axes = plt.subplots(1, len(shown), figsize=(5 * len(shown), 4.4), squeeze=False)
+    for ax, key in zip(axes[0], shown):
+        image = ax.imshow(by_round[key], vmin=0, vmax=1, cmap="viridis")
+        x_label, y_label = AXES.get(name, ("", ""))
+        ax.set(title=f"{name}, round {key.split('_')[1]}", xlabel=x_label, ylabel=y_label)
+        fig.colorbar(image, ax=ax, fraction=0.046)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+OUTCOME_COLOURS = {"accepted": "tab:green", "rejected": "tab:red", "dropped": "tab:gray",
+                   "lost": "black", "late": "tab:orange"}
+
+
+def plot_clients(rows: list[dict], path: Path, title: str) -> None:
+    """clients.csv in a picture: per client the rounds it was in, by outcome, and where
+    per-client evaluation ran, its last measured accuracy before and after local training."""
+    plt = pyplot()
+    names = list(dict.fromkeys(r["client"] for r in sorted(
+        rows, key=lambda r: (not str(r["client"]).isdigit(),
+                             int(r["client"]) if str(r["client"]).isdigit() else 0))))
+    place = {name: i for i, name in enumerate(names)}
+    last: dict[str, dict] = {}  # the last measured accuracies per client
+    for r in rows:
+        if r.get("acc_after") not in (None, ""):
+            last[r["client"]] = r
+    fig, axes = plt.subplots(1, 2 if last else 1, figsize=(11 if last else 6,
+                             max(3.0, 0.22 * len(names) + 1.2)), squeeze=False)
+    bars, left = axes[0][0], np.zeros(len(names))
+    for outcome, colour in OUTCOME_COLOURS.items():
+        counts = np.zeros(len(names))
+        for r in rows:
+            if r.get("outcome", "accepted") == outcome:
+                counts[place[r["client"]]] += 1
+        if counts.any():
+            bars.barh(range(len(names)), counts, left=left, color=colour, label=outcome)
+            left += counts
+    bars.set(xlabel="rounds", ylabel="client", title="rounds per client, by outcome")
+    bars.set_yticks(range(len(names)), names, fontsize=7 if len(names) > 20 else 9)
+    bars.invert_yaxis()
+    bars.legend(fontsize=8, ncol=len(OUTCOME_COLOURS), loc="upper center",
+                bbox_to_anchor=(0.5, -0.3 if len(names) < 8 else -0.12))
+    if last:
+        accuracy = axes[0][1]
+        for phase, marker in (("before", "o"), ("after", "s")):
+            shown = [n for n in names if n in last]
+            accuracy.scatter([100 * float(last[n][f"acc_{phase}"]) for n in shown],
+                             [place[n] for n in shown], marker=marker,
+                             label=f"{phase} local training")
+        accuracy.set(xlabel="accuracy on its held-out split (%)",
+                     title="last measured round", ylim=bars.get_ylim())
+        accuracy.set_yticks([])
+        accuracy.legend(fontsize=8)
+        accuracy.grid(alpha=0.3)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_accuracy(rows: list[dict], path: Path, title: str) -> None:
+    from matplotlib.ticker import MaxNLocator
+
+    plt = pyplot()
+
+    rounds = [r["round"] for r in rows]
+    fig, (acc_ax, loss_ax) = plt.subplots(1, 2, figsize=(10, 4))
+    acc_ax.plot(rounds, [100 * r["test_accuracy"] for r in rows], marker="o")
+    acc_ax.set(xlabel="round", ylabel="test accuracy (%)", title="global model accuracy")
+    loss_ax.plot(rounds, [r["test_loss"] for r in rows], marker="o", color="tab:red")
+    loss_ax.set(xlabel="round", ylabel="test loss", title="global model loss")
+    for ax in (acc_ax, loss_ax):
+        ax.grid(alpha=0.3)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120, metadata={"Title": title})  # a script can read what it shows
+    plt.close(fig)
