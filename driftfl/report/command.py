@@ -173,7 +173,7 @@ def main(argv: list[str]) -> None:
         if payload_rows:
             write_csv(out / "payloads.csv", [payload_header, *payload_rows])
         with replaced_path(out / "report.png") as png:
-            plot(shown, png)
+            plot(shown, png, by)
         if clients.recorded(shown):  # per-client evaluation: who is left behind, per round
             with replaced_path(out / "clients.png") as png:
                 clients.plot_spread(shown, png)
