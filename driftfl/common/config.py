@@ -11,137 +11,29 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from collections.abc import Callable, Mapping
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import ConfigDict, Field, SerializeAsAny, field_validator
+from pydantic import Field, SerializeAsAny
 
 from .composing import composed
-from .conditions import HeterogeneitySettings
 from .datasets import DatasetSettings, dataset_settings
+from .experiment_settings import (  # noqa: F401  (where they were declared before)
+    MONTH, ExperimentSettings, Section, SimulationSettings)
 from .models import ModelSettings, model_settings
-from .owners import MAX_EXAMPLES_RATIO
-from .partition import PartitionSettings, partition_settings
-from .privacy import PrivacySettings, SecAggSettings
-from .settings import MANY, Settings, validated
+from .partition import partition_settings
+from .settings import Settings, validated
 
 
-class Section(Settings):
-    """A section whose schema its ``name`` selects, before it is checked against that schema."""
+class ExperimentConfig(ExperimentSettings):
+    """One experiment, its dataset and model sections checked against the schema each one's
+    name selects (their modules import torch); every other setting is declared, with its
+    meaning, in ExperimentSettings (experiment_settings.py)."""
 
-    model_config = ConfigDict(extra="allow")
-    name: str
-
-
-# Upper bounds no real experiment comes near, so that a slip of the keyboard (rounds=1000000000)
-# is refused in one line rather than run for ever or overflow numpy, torch or Flower's int64
-# run config: a paper's longest runs are a few thousand rounds of a few hundred local epochs,
-# cross-device federations a few thousand clients per machine, and a 30-day timeout already
-# outlasts any round.
-MONTH = 30 * 24 * 3600  # seconds: round_timeout, node_wait, rejoin_wait
-
-
-class SimulationSettings(Settings):
-    # CPU cores (and torch threads) per simulated client; more than a machine has
-    client_cpus: int = Field(1, ge=1, le=1024)
-    # GPU share per simulated client; needs device=cuda; a client trains on one GPU
-    client_gpus: float = Field(0.0, ge=0, le=1)
-    # an existing Ray cluster to run the clients on ('auto' or its head's <host>:<port>, as
-    # `ray start --head` prints it); None: a private Ray instance on this machine
-    ray_address: str | None = None
-
-    @field_validator("ray_address")
-    @classmethod
-    def _an_address(cls, value: str | None) -> str | None:
-        if value is not None and not re.fullmatch(r"auto|[A-Za-z0-9_.\-]+:[0-9]{1,5}", value):
-            raise ValueError("must be auto or the head node's <host>:<port> (`ray start "
-                             "--head` prints it)")
-        return value
-
-
-class ExperimentConfig(Settings):
-    """One experiment; conf/config.yaml holds the same defaults (a test keeps them equal)."""
-
-    strategy: SerializeAsAny[Section]
-    aggregation: SerializeAsAny[Section]
-    selection: SerializeAsAny[Section]
-    dataset: SerializeAsAny[DatasetSettings]
-    partition: SerializeAsAny[PartitionSettings]
-    model: SerializeAsAny[ModelSettings]
-    num_clients: int = Field(10, ge=1, le=MANY)
-    fraction: float = Field(1.0, gt=0, le=1)
-    fraction_evaluate: float = Field(0.0, ge=0, le=1)
-    rounds: int = Field(5, ge=1, le=MANY)
-    local_epochs: int = Field(1, ge=1, le=MANY)
-    batch_size: int = Field(32, ge=1, le=MANY)
-    lr: float = Field(0.05, gt=0)
-    momentum: float = Field(0.9, ge=0, lt=1)
-    weight_decay: float = Field(0.0, ge=0)
-    # numpy's global seed (the ServerApp's np.random.seed) takes 0 .. 2**32 - 1
-    seed: int = Field(0, ge=0, le=2**32 - 1)
-    device: Literal["cpu", "cuda"] = "cpu"
-    eval_batch_size: int | None = Field(None, ge=1, le=MANY)  # None: by device (forward_batch_size)
-    logit_shift_samples: int = Field(32, ge=0, le=MANY)
-    round_timeout: float = Field(3600.0, gt=0, le=MONTH)
-    # the run stops (failed) after this many rounds in a row that asked clients and got no
-    # usable reply (out of memory, say: the rounds after would fail alike); 0: never for that
-    max_rounds_without_reply: int = Field(3, ge=0, le=MANY)
-    # a client's update (and the aggregate) may move the model by at most this many times
-    # the global model's norm (at least 1); a larger one is refused as corrupt or hostile
-    max_update_ratio: float = Field(10.0, gt=0)
-    # a client's update, and every payload of its reply that feeds server state (SCAFFOLD's
-    # Delta c, Fisher terms, prototypes, ...), may be at most this many times the round's lower
-    # median of the same: one client in the bounds cannot outsize its peers (honest clients
-    # measured up to 15x the lower median under Dir(0.1); 30 leaves them a margin)
-    max_peer_ratio: float = Field(30.0, ge=1)
-    # deployment: a client's aggregation weight counts at most this many times the median of
-    # the example counts the data survey found (nodes claim their counts there; simulation's
-    # are the server's own and never capped), so no client outweighs the rest by claiming
-    max_examples_ratio: float = Field(MAX_EXAMPLES_RATIO, ge=1)
-    # whose replies are trusted to follow the method: ``clients`` (each paper's own formula,
-    # the screens above only), ``none`` (each client's influence on the model and every state
-    # bounded: strategies/parts/bounded.py), ``auto``: clients in simulation, none in deployment
-    trust: Literal["auto", "clients", "none"] = "auto"
-    # trust=none: each client's update and payload is moved to within this many times the
-    # round's lower median distance of the clients' coordinate-wise median
-    clip_ratio: float = Field(1.0, gt=0)
-    # a client whose replies are rejected this many rounds in a row is excluded from the rest
-    # of the run (named once, in summary.json's ``excluded``); 0: never
-    exclude_after: int = Field(3, ge=0, le=MANY)
-    node_wait: float = Field(600.0, gt=0, le=MONTH)
-    # deployment: a round goes on while at least min_clients are connected, after waiting up to
-    # rejoin_wait seconds (once per loss) for a lost client to come back
-    min_clients: int = Field(1, ge=1, le=MANY)
-    rejoin_wait: float = Field(60.0, ge=0, le=MONTH)
-    simulation: SimulationSettings = SimulationSettings()
-    privacy: PrivacySettings = PrivacySettings()  # user-level differential privacy
-    secagg: SecAggSettings = SecAggSettings()  # secure aggregation
-    # per-client evaluation: this share of each client's data is held out (seeded, stratified)
-    # and never trained on; 0: none, every client trains on all it holds
-    client_test_fraction: float = Field(0.0, ge=0, lt=1)
-    eval_every: int = Field(1, ge=1, le=MANY)  # ... measured every this many rounds (and last)
-    eval_clients: int = Field(0, ge=0, le=MANY)  # ... by at most this many trained clients (0: all)
-    # simulated systems heterogeneity: unequal epochs, stragglers, dropout (common/conditions.py)
-    heterogeneity: HeterogeneitySettings = HeterogeneitySettings()
-    # a deployed federation to run on: the name of a SuperLink connection in flwr's
-    # config.toml ($FLWR_HOME, ~/.flwr); None: a private local simulation
-    superlink: str | None = None
-    # deployment with node authentication: the owners file `driftfl secure register` wrote
-    # (node id -> key, partition, examples), a path on the SuperLink's machine; a node may then
-    # claim only its key's partition. None: the first node to claim a partition keeps it
-    owners: str | None = None
-    tracker: Literal["none", "tensorboard"] = "none"  # also stream per-round metrics there
-    label: str
-    verbose: bool = False
-
-    @field_validator("superlink")
-    @classmethod
-    def _a_connection_name(cls, value: str | None) -> str | None:
-        if value is not None and not re.fullmatch(r"[A-Za-z0-9_\-]+", value):
-            raise ValueError("must name a SuperLink connection of ~/.flwr/config.toml "
-                             "(letters, digits, - and _)")
-        return value
+    dataset: SerializeAsAny[DatasetSettings] = Field(
+        description=ExperimentSettings.model_fields["dataset"].description)
+    model: SerializeAsAny[ModelSettings] = Field(
+        description=ExperimentSettings.model_fields["model"].description)
 
     @property
     def clients_per_round(self) -> int:
