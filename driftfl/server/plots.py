@@ -4,6 +4,7 @@ sets. Matplotlib draws on its Agg backend: a server has no display."""
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -156,6 +157,17 @@ def plot_heatmaps(by_round: dict[str, np.ndarray], path: Path, name: str) -> Non
 
 OUTCOME_COLOURS = {"accepted": "tab:green", "rejected": "tab:red", "dropped": "tab:gray",
                    "lost": "black", "late": "tab:orange"}
+
+
+def clients_tell_something(rows: list[dict]) -> bool:
+    """Whether clients.png would show anything: a measured per-client accuracy, an outcome
+    other than accepted, or clients in differing numbers of rounds (sampling). Where every
+    client was accepted in every round it would draw only equal bars."""
+    if any(r.get("acc_after") not in (None, "") for r in rows):
+        return True
+    if any(r.get("outcome", "accepted") != "accepted" for r in rows):
+        return True
+    return len(set(Counter(r["client"] for r in rows).values())) > 1
 
 
 def plot_clients(rows: list[dict], path: Path, title: str) -> None:

@@ -21,8 +21,8 @@ from driftfl.common.config import ExperimentConfig
 from driftfl.common.leakage import to_pixels
 from driftfl.common.partition import describe
 
-from .plots import (plot_accuracy, plot_clients, plot_heatmaps, plot_image_grid,
-                    plot_partition, plot_per_class)
+from .plots import (clients_tell_something, plot_accuracy, plot_clients, plot_heatmaps,
+                    plot_image_grid, plot_partition, plot_per_class)
 from .tracker import make_tracker
 
 PACKAGES = ("driftfl", "flwr", "flwr-datasets", "torch", "torchvision", "numpy", "hydra-core",
@@ -223,7 +223,7 @@ class RunRecorder:
         self._write_json("summary.json", summary)
         plot_accuracy(self.rows, self.dir / "accuracy.png", title)
         plot_per_class(self.rows, self.classes, self.dir / "per_class.png", title)
-        if self.clients:
+        if clients_tell_something(self.clients):  # clients.csv is written all the same
             plot_clients(self.clients, self.dir / "clients.png", title)
         for name, by_round in self.arrays.items():
             plot_heatmaps(by_round, self.dir / f"{name}.png", name)

@@ -59,8 +59,10 @@ def test_driftfl_run_trains_and_writes_the_run_directory(tmp_path, fmnist_availa
 
     rows = assert_learned(run_dir)
     for name in ("config.yaml", "meta.json", "metrics.csv", "partition.json", "model.pt",
-                 "accuracy.png", "summary.json", "clients.csv", "clients.png"):
+                 "accuracy.png", "summary.json", "clients.csv", "partition.png", "per_class.png"):
         assert (run_dir / name).is_file(), name
+    # every client accepted in every round: clients.png would draw equal bars, so is not drawn
+    assert not (run_dir / "clients.png").exists()
     trained = rows[1]
     # every client trained on the partition the server assigned it: a reply claiming more
     # examples than its partition holds would have been rejected

@@ -109,3 +109,25 @@ def test_a_finished_run_has_per_class_png_with_its_datasets_class_names(tmp_path
     header = (tmp_path / "metrics.csv").read_text().splitlines()[0].split(",")
     assert [c for c in header if c.startswith("acc_class_")] == [
         f"acc_class_{i}" for i in range(10)]
+
+
+def finished_with_clients(run_dir, clients_rows: list[dict]):
+    recorder = RunRecorder(run_dir, compose(["rounds=2"]))
+    for r in (0, 1, 2):
+        recorder.add_round({"round": r, "test_accuracy": 0.5, "test_loss": 1.0})
+    recorder.add_clients(1, clients_rows)
+    recorder.finish(torch.nn.Linear(2, 2), {"status": "completed"}, "t")
+    return run_dir / "clients.png"
+
+
+def test_clients_png_only_where_it_tells_the_clients_apart(tmp_path):
+    every_round = [{"round": r, "client": str(c), "examples": 10, "outcome": "accepted"}
+                   for r in (1, 2) for c in range(3)]
+    # a default run: every client accepted in every round, equal bars and nothing else
+    png = finished_with_clients(tmp_path / "plain", every_round)
+    assert not png.exists() and (tmp_path / "plain" / "clients.csv").is_file()
+    late = [*every_round[:-1], {**every_round[-1], "outcome": "late"}]
+    sampled = every_round[:-1]  # client 2 sat round 2 out
+    measured = [{**every_round[0], "acc_before": 0.4, "acc_after": 0.6}, *every_round[1:]]
+    for name, rows in (("late", late), ("sampled", sampled), ("measured", measured)):
+        a_png(finished_with_clients(tmp_path / name, rows))
