@@ -159,7 +159,7 @@ def test_bad_input_is_one_line_and_writes_nothing(run_dir, tmp_path, capsys):
     assert "symbolic link" in refused(capsys, str(run_dir), "--out", str(tmp_path / "link.json"))
     assert victim.read_text() == "untouched"
     empty = tmp_path / "empty-run"
-    shutil.copytree(run_dir, empty)
+    shutil.copytree(run_dir, empty, ignore=shutil.ignore_patterns("evaluation*"))
     (empty / "model.pt").unlink()
     assert "has no model.pt" in refused(capsys, str(empty))
     assert not (empty / "evaluation.json").exists()
