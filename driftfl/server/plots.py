@@ -173,6 +173,8 @@ def clients_tell_something(rows: list[dict]) -> bool:
 def plot_clients(rows: list[dict], path: Path, title: str) -> None:
     """clients.csv in a picture: per client the rounds it was in, by outcome, and where
     per-client evaluation ran, its last measured accuracy before and after local training."""
+    from matplotlib.ticker import MaxNLocator
+
     plt = pyplot()
     names = list(dict.fromkeys(r["client"] for r in sorted(
         rows, key=lambda r: (not str(r["client"]).isdigit(),
@@ -183,7 +185,8 @@ def plot_clients(rows: list[dict], path: Path, title: str) -> None:
         if r.get("acc_after") not in (None, ""):
             last[r["client"]] = r
     fig, axes = plt.subplots(1, 2 if last else 1, figsize=(11 if last else 6,
-                             max(3.0, 0.22 * len(names) + 1.2)), squeeze=False)
+                             max(3.0, 0.22 * len(names) + 1.2)), squeeze=False,
+                             layout="constrained")
     bars, left = axes[0][0], np.zeros(len(names))
     for outcome, colour in OUTCOME_COLOURS.items():
         counts = np.zeros(len(names))
@@ -196,8 +199,10 @@ def plot_clients(rows: list[dict], path: Path, title: str) -> None:
     bars.set(xlabel="rounds", ylabel="client", title="rounds per client, by outcome")
     bars.set_yticks(range(len(names)), names, fontsize=7 if len(names) > 20 else 9)
     bars.invert_yaxis()
-    bars.legend(fontsize=8, ncol=len(OUTCOME_COLOURS), loc="upper center",
-                bbox_to_anchor=(0.5, -0.3 if len(names) < 8 else -0.12))
+    bars.xaxis.set_major_locator(MaxNLocator(integer=True))
+    # below the figure, in room the layout makes: under the axes it covered their label
+    fig.legend(*bars.get_legend_handles_labels(), fontsize=8, ncol=len(OUTCOME_COLOURS),
+               loc="outside lower center")
     if last:
         accuracy = axes[0][1]
         for phase, marker in (("before", "o"), ("after", "s")):
@@ -211,7 +216,6 @@ def plot_clients(rows: list[dict], path: Path, title: str) -> None:
         accuracy.legend(fontsize=8)
         accuracy.grid(alpha=0.3)
     fig.suptitle(title)
-    fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
