@@ -24,9 +24,10 @@ def pyplot():
 
 
 def class_names(classes: list[str] | None, count: int) -> list[str]:
-    """The dataset's class names where they are known (one per class), else the indices."""
-    return list(map(str, classes)) if classes and len(classes) == count else [
-        str(i) for i in range(count)]
+    """The dataset's class names where they are known (one distinct name per class), else the
+    indices."""
+    named = list(map(str, classes or []))
+    return named if len(set(named)) == len(named) == count else [str(i) for i in range(count)]
 
 
 def plot_partition(clients: list[dict], classes: list[str] | None, path: Path, title: str):
