@@ -45,22 +45,37 @@ def check_writable(out: Path) -> None:
 
 
 def notes(cfg, saved: dict | None) -> list[str]:
-    """What a reader of the client figures should know: why there are none, or how the shares
-    differ from those the run's clients held out."""
+    """What a reader of the client figures should know: why there are none, or that the shares
+    are not those the run's clients held out (then the run may have trained on them)."""
     said = []
-    fraction = cfg.client_test_fraction
-    if fraction <= 0:
+    if cfg.client_test_fraction <= 0:
         said.append("no per-client accuracy: client_test_fraction is 0, so no client holds a "
                     "share out; give client_test_fraction=0.2 (a run that held none out "
                     "trained on those shares)")
-    elif saved is not None and saved.get("client_test_fraction") != fraction:
-        said.append(f"the run's clients held out client_test_fraction="
-                    f"{saved.get('client_test_fraction')}, not {fraction:g}: the shares here may "
-                    "hold examples they trained on")
+    elif saved is None:
+        said.append("a model file: whether it was trained on these clients' shares is unknown "
+                    "(its run directory knows)")
+    elif changed := shares_changed(cfg, saved):
+        said.append(f"{', '.join(changed)} differ from the run's: the clients' shares here are "
+                    "not those its clients held out and may hold examples it trained on (the "
+                    "test set's figures are unaffected)")
     if saved is not None and saved.get("superlink"):
         said.append("a deployed run: its nodes may have held other data than the partitions "
                     "rebuilt here")
     return said
+
+
+def shares_changed(cfg, saved: dict) -> list[str]:
+    """The settings that decide the clients' held-out shares and differ from the run's (where
+    the data is read from, and the test set, aside)."""
+    def data(section) -> dict:
+        return {k: v for k, v in (section or {}).items()
+                if k not in ("root", "download", "test_subset")}
+
+    now = cfg.model_dump(mode="json")
+    changed = [key for key in ("partition", "num_clients", "seed", "client_test_fraction")
+               if now[key] != saved.get(key)]
+    return (["dataset"] if data(now["dataset"]) != data(saved.get("dataset")) else []) + changed
 
 
 def percent(value: float) -> str:

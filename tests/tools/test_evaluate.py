@@ -17,7 +17,7 @@ from driftfl.common.client_split import held_out_split
 from driftfl.common.config import compose
 from driftfl.common.datasets import load_dataset
 from driftfl.evaluate import main as evaluate, run_settings
-from driftfl.evaluate_output import default_out
+from driftfl.evaluate_output import default_out, notes
 from driftfl.server.app import run_experiment
 from driftfl.server.experiment import prepare_experiment
 from test_methods import TINY, InProcessGrid, fmnist_nodes
@@ -89,6 +89,19 @@ def test_overrides_go_on_top_of_the_runs_own_settings(run_dir, tmp_path):
     report = json.loads(out.read_text())
     assert report["test"]["examples"] == 100 and report["overrides"] == ["dataset.test_subset=100"]
     assert report["experiment"]["client_test_fraction"] == 0.2  # the run's, not conf/'s 0
+    assert report["notes"] == []  # the clients' shares are the run's own
+
+
+def test_shares_other_than_the_runs_are_said_to_hold_what_it_trained_on():
+    saved = compose([*TINY, "client_test_fraction=0.2"]).model_dump(mode="json")
+    same = compose([*TINY, "client_test_fraction=0.2", "dataset.root=/elsewhere"])
+    assert notes(same, saved) == []
+    other = compose([*TINY, "client_test_fraction=0.3", "seed=3", "dataset.subset=1000"])
+    (line,) = notes(other, saved)
+    assert line.startswith("dataset, seed, client_test_fraction differ from the run's: ")
+    assert "may hold examples it trained on" in line
+    assert "a model file" in notes(same, None)[0]
+    assert "client_test_fraction is 0" in notes(compose(TINY), saved)[0]
 
 
 def constant_model(tmp_path, label: int):
