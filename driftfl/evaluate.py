@@ -96,19 +96,27 @@ def experiment_of(source: Path, given: list[str]):
     chosen = {key for key, _ in overrides_named(given)}
     if source.is_dir():
         saved, model_file = read_config(source), source / MODEL_FILE
+        if not isinstance(saved, dict):
+            raise ConfigError(f"{source / 'config.yaml'} holds no settings; name a directory "
+                              "`driftfl run` wrote")
         settings = run_settings(saved, ran_with(source), given)
         if not (model_file.is_file() or model_file.is_symlink()):  # a link: read_bytes says
             raise ConfigError(f"{source} has no {MODEL_FILE}: a run writes it when its last "
                               "round ends (a stopped run: go on with driftfl run resume=DIR)")
-    elif source.is_file() or source.is_symlink():
-        saved, model_file = None, source
-        settings = composed(given)
     else:
-        raise ConfigError(f"{source}: no such run directory or model file; name a directory "
-                          f"`driftfl run` wrote, or its {MODEL_FILE}")
+        saved, model_file = None, existing(source)
+        settings = composed(given)
     settings.update({k: v for k, v in ON_ANY_MACHINE.items() if k not in chosen})
     settings["simulation"] = {**settings.get("simulation", {}), "client_gpus": 0.0}
     return prepare_experiment(settings, make_partition=True), model_file, saved
+
+
+def existing(source: Path) -> Path:
+    """``source``, where it is there to be read; ConfigError says what to name instead."""
+    if not (source.is_dir() or source.is_file() or source.is_symlink()):
+        raise ConfigError(f"{source}: no such run directory or model file; name a directory "
+                          f"`driftfl run` wrote, or its {MODEL_FILE}")
+    return source
 
 
 def load_model(path: Path, experiment):
@@ -220,7 +228,7 @@ def main(args: list[str]) -> None:
     parser.error = refuse
     try:
         options = parser.parse_intermixed_args(args)
-        source = options.source.expanduser()
+        source = existing(options.source.expanduser())
         out = (options.out.expanduser() if options.out
                else default_out(source if source.is_dir() else source.parent, options.overrides))
         check_writable(out)
