@@ -37,7 +37,9 @@ commands:
   run [overrides]     run one experiment in local simulation, e.g.
                       driftfl run strategy=fedprox strategy.mu=0.01 partition.alpha=0.1 rounds=20
   run -m [overrides]  sweep (Hydra multirun), e.g. driftfl run -m strategy=fedavg,fedprox seed=0,1,2
-  run --help          every setting and config group (Hydra's help)
+  run --help [GROUP=OPTION ...]
+                      every config group and setting: type, default, meaning (and the
+                      settings of the options named, e.g. strategy=dcfl); Hydra's: --hydra-help
   run --cfg job       print the composed config without running it
   run resume=DIR [rounds=N]
                       go on with a stopped run from its last complete round, with the
@@ -328,6 +330,16 @@ def checked_job(args: list[str]) -> tuple[list[str], Callable]:
 
 
 def run(args: list[str]) -> None:
+    from driftfl.help import run_answer  # --help, --version: driftfl's own, before Hydra's
+
+    try:
+        answer = run_answer(args, overrides_in, refusal)
+    except ConfigError as err:
+        print(f"driftfl: error: {err}", file=sys.stderr)
+        raise SystemExit(2) from None
+    if answer is not None:
+        print(answer, end="")
+        return
     import hydra
 
     from driftfl.common.composing import conf_dir
@@ -360,6 +372,11 @@ def main(argv: list[str] | None = None) -> None:
 def dispatch(argv: list[str]) -> None:
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(USAGE, end="")
+        return
+    if argv[0] in ("--version", "-V"):
+        from driftfl.help import version_text
+
+        print(version_text(), end="")
         return
     command, args = argv[0], argv[1:]
     if command == "run":

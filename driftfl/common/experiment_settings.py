@@ -3,8 +3,9 @@
 ExperimentSettings declares every top-level setting of an experiment (type, default, range,
 meaning) and checks all of them but the sections whose schema a registry holds: ``dataset`` and
 ``model`` (their modules import torch) and the server's ``strategy``, ``aggregation`` and
-``selection`` are open sections here (``partition`` is checked: its module needs numpy only). ``driftfl run`` checks a composed experiment against it
-first, so a bad value (``rounds=-1``, ``lr=abc``) is refused in well under a second;
+``selection`` are open sections here (``partition`` is checked: its module needs numpy
+only). ``driftfl run`` checks a composed experiment against it first, so a bad value
+(``rounds=-1``, ``lr=abc``) is refused in well under a second;
 ExperimentConfig (config.py) extends it with the full sections, and `driftfl run --help` renders
 its fields (driftfl/help.py).
 """

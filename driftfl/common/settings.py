@@ -94,7 +94,7 @@ def _number(value: float) -> str:
     return str(value) if isinstance(value, int) else f"{value:g}"  # a whole bound in full
 
 
-def _bounds(metadata: Iterable) -> str | None:
+def bounds_text(metadata: Iterable) -> str | None:
     """'> 0', '>= 1', 'in (0, 1]', ... from a field's annotated-types constraints."""
     low = high = None
     for item in metadata:
@@ -155,7 +155,7 @@ def describe(error: Mapping, cls: type[BaseModel], prefix: str = "") -> str:
         valid = sorted(v.strip("'") for v in ctx["expected"].replace(" or ", ", ").split(", "))
         return f"unknown {key} {value!r}; valid: {', '.join(valid)}"
     if kind in _BOUND_ERRORS:
-        bounds = _bounds(_field_metadata(cls, loc)) or _bounds([_BOUND_ERRORS[kind](ctx)])
+        bounds = bounds_text(_field_metadata(cls, loc)) or bounds_text([_BOUND_ERRORS[kind](ctx)])
         return f"{key} must be {bounds}, got {value!r}"
     if kind.startswith("int_"):
         return f"{key} must be a whole number, got {value!r}"

@@ -24,36 +24,52 @@ if TYPE_CHECKING:  # flwr is not needed to condense (benchmarks run it where flw
 
 
 class CondensationSettings(Settings):
-    condensation: Literal["dm", "dc", "dsa"] = "dm"  # distribution / gradient matching (+DSA)
-    # where the synthetic images start: N(0, 1) noise, or real images (the DM/DC authors'
-    # default, which ships near-copies of them at a few hundred iterations)
-    condense_init: Literal["noise", "real"] = "noise"
-    condense_dp: bool = False  # DP-DM: clipped, noised real embeddings (dm from noise only)
-    # C, each real embedding's norm bound; null: the median embedding norm of N(0, 1) images
-    # under fresh networks of the model, from a public seed (no client's data)
-    condense_dp_clip: float | None = Field(None, gt=0)
-    condense_dp_noise: float | None = Field(None, gt=0)  # sigma, the noise multiplier, or ...
-    condense_dp_epsilon: float | None = Field(None, gt=0)  # ... the epsilon each class's sigma meets
-    condense_dp_delta: float = Field(1e-5, gt=0, lt=1)  # delta of the (epsilon, delta) guarantee
-    ipc: int = Field(10, ge=1, le=MANY)  # condensed images per class the client condenses
-    # a class with fewer real images is not condensed nor shipped (its few images would come
-    # out as near-copies); null: ipc
-    condense_min_class: int | None = Field(None, ge=1, le=MANY)
-    # chosen by measurement (docs/algorithms.md, DCFL); paper-grade: DM 20,000, DC/DSA 1,000
-    condense_iterations: int = Field(1000, ge=1, le=MANY)
-    condense_lr: float = Field(0.1, gt=0)  # on the pixels; the authors (SGD): DM 1.0, DC/DSA 0.1
-    condense_optimizer: Literal["sgd", "adam"] = "adam"  # sgd: momentum 0.5, as the authors
-    condense_batch: int = Field(64, ge=1, le=MANY)  # real images per class per iteration
-    dc_outer_loop: int = Field(10, ge=1, le=MANY)  # dc/dsa: matching steps per iteration
-    # dc/dsa: network steps on the synthetic set between matching steps
-    dc_inner_loop: int = Field(50, ge=0, le=MANY)
-    dc_net_lr: float = Field(0.01, gt=0)  # dc/dsa: that network's learning rate
-    dsa: bool = True  # DSA on the local and the condensed training batches
-    dsa_transforms: str = DEFAULT_TRANSFORMS  # DSA's transforms; digits: drop flip
-    finetune_epochs: int = Field(1, ge=0, le=MANY)  # E_s: epochs on the received condensed images
-    finetune_lr: float = Field(0.001, gt=0)  # eta_s (< lr, which is eta_c)
-    finetune_batch_size: int = Field(32, ge=1, le=MANY)  # B_s
-    condensed_use: Literal["finetune", "mix"] = "finetune"  # mix: one stage on local + received
+    condensation: Literal["dm", "dc", "dsa"] = Field("dm", description=(
+        "how clients condense: distribution matching (dm), gradient matching (dc), dc with "
+        "differentiable Siamese augmentation (dsa)"))
+    condense_init: Literal["noise", "real"] = Field("noise", description=(
+        "where the synthetic images start: N(0, 1) noise, or real images (the DM/DC authors' "
+        "default, which ships near-copies of them at a few hundred iterations)"))
+    condense_dp: bool = Field(False, description=(
+        "DP-DM: clipped, noised real embeddings (condensation=dm from noise only)"))
+    condense_dp_clip: float | None = Field(None, gt=0, description=(
+        "C, each real embedding's norm bound; null: the median embedding norm of N(0, 1) images "
+        "under fresh networks of the model, from a public seed (no client's data)"))
+    condense_dp_noise: float | None = Field(None, gt=0, description=(
+        "sigma, the noise multiplier (set it or condense_dp_epsilon)"))
+    condense_dp_epsilon: float | None = Field(None, gt=0, description=(
+        "the epsilon each class's sigma is chosen to meet (set it or condense_dp_noise)"))
+    condense_dp_delta: float = Field(1e-5, gt=0, lt=1, description=(
+        "delta of the (epsilon, delta) guarantee"))
+    ipc: int = Field(10, ge=1, le=MANY, description=(
+        "condensed images per class a client condenses"))
+    condense_min_class: int | None = Field(None, ge=1, le=MANY, description=(
+        "a class with fewer real images is not condensed nor shipped (its few images would come "
+        "out as near-copies); null: ipc"))
+    # chosen by measurement (docs/algorithms.md, DCFL)
+    condense_iterations: int = Field(1000, ge=1, le=MANY, description=(
+        "condensation iterations; paper-grade: DM 20,000, DC/DSA 1,000"))
+    condense_lr: float = Field(0.1, gt=0, description=(
+        "learning rate on the pixels; the authors (SGD): DM 1.0, DC/DSA 0.1"))
+    condense_optimizer: Literal["sgd", "adam"] = Field("adam", description=(
+        "the pixels' optimizer; sgd: momentum 0.5, as the authors"))
+    condense_batch: int = Field(64, ge=1, le=MANY, description=(
+        "real images per class per iteration"))
+    dc_outer_loop: int = Field(10, ge=1, le=MANY, description=(
+        "dc/dsa: matching steps per iteration"))
+    dc_inner_loop: int = Field(50, ge=0, le=MANY, description=(
+        "dc/dsa: network steps on the synthetic set between matching steps"))
+    dc_net_lr: float = Field(0.01, gt=0, description="dc/dsa: that network's learning rate")
+    dsa: bool = Field(True, description="DSA on the local and the condensed training batches")
+    dsa_transforms: str = Field(DEFAULT_TRANSFORMS, description=(
+        "DSA's transforms, joined by _; digits: drop flip"))
+    finetune_epochs: int = Field(1, ge=0, le=MANY, description=(
+        "E_s: epochs on the received condensed images"))
+    finetune_lr: float = Field(0.001, gt=0, description="eta_s (below lr, which is eta_c)")
+    finetune_batch_size: int = Field(32, ge=1, le=MANY, description="B_s")
+    condensed_use: Literal["finetune", "mix"] = Field("finetune", description=(
+        "finetune: a stage on the received images after local training; mix: one stage on "
+        "local and received images together"))
 
     @property
     def min_class(self) -> int:

@@ -54,7 +54,19 @@ def split(folder: Path, overrides: list[str]) -> list[Path]:
     return files
 
 
+HELP = f"""{USAGE}
+
+Writes client k's share of the experiment's partition (the split `driftfl run` with the same
+overrides trains on) to DIR/client-<k>.npz: x, uint8 images N x C x H x W; y, class indices.
+A SuperNode reads its file with --node-config "data-dir='DIR/client-<k>.npz'". DIR must be
+empty of shares: none is overwritten. The overrides are `driftfl run`'s (driftfl run --help).
+"""
+
+
 def main(args: list[str]) -> None:
+    if args[:1] in (["-h"], ["--help"]):
+        print(HELP, end="")
+        return
     if not args or args[0].startswith("-") or "=" in args[0]:
         print(f"driftfl: error: name the folder to write first\n{USAGE}", file=sys.stderr)
         raise SystemExit(2)
