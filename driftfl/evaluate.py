@@ -184,13 +184,13 @@ def measure(experiment, model) -> dict:
 
     cfg, data = experiment.cfg, experiment.data
 
-    def on(indices_x, labels) -> tuple[float, float, list[float]]:
-        x, y = to_tensors(indices_x, labels, data.mean, data.std)
+    def on(images, labels) -> tuple[float, float, list[float]]:
+        x, y = to_tensors(images, labels, data.mean, data.std)
         return evaluate(model, x.to(cfg.device), y.to(cfg.device), cfg.eval_batch_size,
                         data.num_classes)
 
     loss, accuracy, per_class = on(data.test_x, data.test_y)
-    images = np.bincount(data.test_y, minlength=data.num_classes).tolist()
+    class_sizes = np.bincount(data.test_y, minlength=data.num_classes).tolist()
     clients = []
     if cfg.client_test_fraction > 0:
         for i, part in enumerate(experiment.partitions()):
@@ -201,7 +201,7 @@ def measure(experiment, model) -> dict:
                             "loss": client_loss})
     return {"test": {"examples": len(data.test_y), "accuracy": accuracy, "loss": loss,
                      "classes": [{"class": name, "examples": n, "accuracy": a}
-                                 for name, n, a in zip(data.classes, images, per_class)]},
+                                 for name, n, a in zip(data.classes, class_sizes, per_class)]},
             "clients": clients,
             "clients_spread": spread([c["accuracy"] for c in clients])}
 
