@@ -18,6 +18,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 import shlex
 import sys
 from collections.abc import Callable
@@ -71,12 +72,13 @@ commands:
 
 
 def _run_job(cfg, hydra_subdir: str | None = None, keep: Path | None = None,
-             resume: bool = False) -> None:
+             resume: bool = False) -> float:
     """One Hydra job: check the experiment, then launch it (in simulation, or on the deployed
     federation ``superlink`` names). Hydra's own files
     go to ``hydra_subdir`` (.hydra) only once the run is accepted, and a refused run removes
     the empty folders Hydra made for it below ``keep``. ``resume``: the run directory holds a
-    stopped run of this experiment, to go on with."""
+    stopped run of this experiment, to go on with. Returns the final test accuracy: the
+    objective a tuning sweeper (hydra/sweeper=optuna) maximises."""
     from hydra.core.hydra_config import HydraConfig
 
     from driftfl.common.composing import experiment_only
@@ -99,6 +101,10 @@ def _run_job(cfg, hydra_subdir: str | None = None, keep: Path | None = None,
                 raise ConfigError("device=cuda needs a GPU share per simulated client, e.g. "
                                   "simulation.client_gpus=0.5 (two clients per GPU at a time)")
         check_launch(overrides, run_dir, experiment_cfg.simulation.ray_address)
+        if experiment_cfg.tracker == "mlflow" and not deployed:  # the ServerApp's cwd is not ours
+            from driftfl.server.tracker import prepare_mlflow
+
+            prepare_mlflow()
         if resume and not deployed:  # a deployed run's ServerApp checks its own checkpoint
             from driftfl.server import checkpoint
 
@@ -123,6 +129,7 @@ def _run_job(cfg, hydra_subdir: str | None = None, keep: Path | None = None,
         from driftfl.audit import audit_after_run
 
         audit_after_run(run_dir, experiment)
+    return json.loads((run_dir / "summary.json").read_text())["final_accuracy"]
 
 
 # driftfl run sets hydra.output_subdir to null so that Hydra writes nothing before the job has
