@@ -210,7 +210,8 @@ def main(args: list[str]) -> None:
     from driftfl.common.untrusted import write_text
     from driftfl.evaluate_output import check_writable, default_out, document, notes, table
 
-    parser = argparse.ArgumentParser(prog="driftfl evaluate", usage=USAGE, description=(
+    parser = argparse.ArgumentParser(prog="driftfl evaluate", usage=USAGE.removeprefix(
+        "usage: "), description=(
         "A saved model measured on an experiment's data: test accuracy overall and per class, "
         "and each client's accuracy on its own held-out share (client_test_fraction). A run "
         "directory is evaluated on its own experiment, with the overrides on top."))
@@ -223,6 +224,8 @@ def main(args: list[str]) -> None:
                         "overrides)")
 
     def refuse(message: str):
+        if message.startswith("the following arguments are required"):  # it names overrides too
+            message = "name the run directory or the model.pt to evaluate"
         raise ConfigError(f"{message} ({USAGE})")
 
     parser.error = refuse

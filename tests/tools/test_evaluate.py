@@ -163,6 +163,7 @@ def test_a_pickle_is_refused_unrun(tmp_path, capsys, fmnist_available):
 
 def test_bad_input_is_one_line_and_writes_nothing(run_dir, tmp_path, capsys):
     assert "no such run directory or model file" in refused(capsys, str(tmp_path / "no" / "none"))
+    assert "name the run directory or the model.pt" in refused(capsys, "--out", "x.json")
     assert "is a sweep" in refused(capsys, str(run_dir), "seed=1,2")
     assert "not Hydra's" in refused(capsys, str(run_dir), "hydra.run.dir=x")
     assert "partition.alpha must be > 0" in refused(capsys, str(run_dir), "partition.alpha=0")
