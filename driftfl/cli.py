@@ -115,6 +115,9 @@ def _run_job(cfg, hydra_subdir: str | None = None, keep: Path | None = None,
         raise SystemExit(2) from None
     if hydra_subdir is not None:
         _save_hydra_files(cfg, run_dir, hydra_subdir)
+    if not deployed and experiment_cfg.dataset.name == "folder":  # label k is which folder
+        names = ", ".join(f"{k} {name}" for k, name in enumerate(experiment.data.classes))
+        print(f"classes (the class folders, sorted): {names}", flush=True)
     if not deployed and experiment_cfg.strategy.name == "dcfl":  # its cost, before it starts
         from driftfl.dcfl.cost import cost_line
 
