@@ -18,6 +18,7 @@ import atexit
 import json
 import os
 import time
+import warnings
 from pathlib import Path
 
 from driftfl.common.errors import ConfigError
@@ -63,6 +64,15 @@ def tracking_uri() -> str:
     return resolve_uri_if_local(uri)
 
 
+def mlflow_client(uri: str | None = None):
+    """MLflow's client of ``uri`` (None: MLFLOW_TRACKING_URI, else MLflow's default)."""
+    from mlflow import MlflowClient
+
+    with warnings.catch_warnings():  # MLflow's SQL store on SQLAlchemy 2.1: nothing to change
+        warnings.filterwarnings("ignore", message="The ``noload`` loader strategy")
+        return MlflowClient(uri)
+
+
 def experiment_id(client) -> str:
     """The MLflow experiment runs go to (MLFLOW_EXPERIMENT_NAME, MLflow's own variable, else
     "driftfl"), created where missing: its artefact location is MLflow's default for the
@@ -84,11 +94,9 @@ def prepare_mlflow() -> str:
     (tracking_uri()), and the experiment, so that a store that cannot be used is refused
     here and a new experiment keeps its artefacts in this directory (MLflow's ./mlruns), not in
     the SuperLink's. ConfigError in one line where the store cannot be used."""
-    from mlflow import MlflowClient
-
     uri = tracking_uri()
     try:
-        experiment_id(MlflowClient(uri))
+        experiment_id(mlflow_client(uri))
     except Exception as err:  # MLflow's errors for a store it cannot open or reach vary
         raise ConfigError(f"tracker=mlflow: cannot use the MLflow tracking store {uri} "
                           f"(MLFLOW_TRACKING_URI): {str(err).splitlines()[0]}") from None
@@ -105,13 +113,12 @@ class MlflowTracker:
 
     def _start(self) -> None:
         import yaml
-        from mlflow import MlflowClient
         from mlflow.entities import Param
         from mlflow.utils.validation import MAX_PARAM_VAL_LENGTH
 
         from driftfl.report.runs import flatten
 
-        self.client = MlflowClient()  # MLFLOW_TRACKING_URI, else MLflow's default
+        self.client = mlflow_client()
         uri, record = self.client.tracking_uri, self.dir / RECORD
         resumed = "resumed_after_round" in json.loads((self.dir / "meta.json").read_text())
         earlier = json.loads(record.read_text()) if resumed and record.is_file() else {}

@@ -11,6 +11,8 @@ import pytest
 import torch
 
 pytest.importorskip("mlflow")
+# MLflow's SQL store on SQLAlchemy 2.1, when the test reads back with its own client
+pytestmark = pytest.mark.filterwarnings("ignore:The ``noload`` loader strategy")
 
 from mlflow import MlflowClient  # noqa: E402
 
