@@ -57,7 +57,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from driftfl.launch import _tool, _wait_healthy, flwr_env, free_port, stop  # noqa: E402
+from driftfl.host import _wait_healthy, flwr_env, free_port, stop  # noqa: E402
+from driftfl.common.paths import console_script as _tool  # noqa: E402
 
 FAST_SUPEREXEC = {"FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.05"}
 

@@ -27,7 +27,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from driftfl.launch import APP_DIR, app_bundle  # noqa: E402
+from driftfl.host import APP_DIR  # noqa: E402
+from driftfl.launch import app_bundle  # noqa: E402
 from driftfl.server.console import RESULTS  # noqa: E402
 
 QUICK = ["model=mlp", "dataset.subset=4000", "dataset.test_subset=2000", "num_clients=4",

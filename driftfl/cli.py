@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import shlex
 import sys
 from collections.abc import Callable
@@ -126,13 +127,30 @@ def _run_job(cfg, hydra_subdir: str | None = None, keep: Path | None = None,
                         data.num_classes), flush=True)
     launch = launch_deployment if deployed else launch_simulation
     code = launch(experiment_cfg, overrides, run_dir, resume)
-    if code:
-        raise SystemExit(code)
-    if not deployed:  # what the clients shipped (DCFL), against their data, loaded here already
-        from driftfl.audit import audit_after_run
+    from driftfl.launch import run_status
 
-        audit_after_run(run_dir, experiment)
+    if not deployed and run_status(run_dir) in ("completed", "incomplete"):
+        from driftfl.audit import audit_after_run  # what the clients shipped (DCFL), against
+
+        audit_after_run(run_dir, experiment)  # their data, loaded here already
+    if code and _sweep_codes is None:
+        raise SystemExit(code)
+    if code:  # a sweep goes on with its other jobs and exits with the worst code at the end
+        _sweep_codes.append(code)
+    if run_status(run_dir) not in ("completed", "incomplete"):
+        return None
     return json.loads((run_dir / "summary.json").read_text())["final_accuracy"]
+
+
+# the exit codes of a sweep's jobs that did not complete (None: not a sweep)
+_sweep_codes: list[int] | None = None
+
+
+def worst(codes: list[int]) -> int:
+    """A sweep's exit code: a failed job's over an incomplete one's, 0 when all completed."""
+    from driftfl.launch import EXIT_CODES
+
+    return max(codes, key=lambda c: (c == EXIT_CODES["failed"], c), default=0)
 
 
 # driftfl run sets hydra.output_subdir to null so that Hydra writes nothing before the job has
@@ -368,10 +386,26 @@ def run(args: list[str]) -> None:
         print(f"driftfl: error: {err}", file=sys.stderr)
         raise SystemExit(2) from None
     sys.argv = ["driftfl run", *args]
-    hydra.main(config_path=config_path, config_name="config", version_base="1.3")(job)()
+    hydra_main = hydra.main(config_path=config_path, config_name="config",
+                            version_base="1.3")(job)
+    if not ({"-m", "--multirun"} & set(args)) or SHOWING & set(args):
+        hydra_main()
+        return
+    global _sweep_codes
+    from driftfl.host import shared_hosts
+
+    _sweep_codes = []
+    # the sweep's jobs share one SuperLink and Ray (in this process: a parallel launcher's
+    # workers each start their own)
+    with shared_hosts():
+        hydra_main()
+    if code := worst(_sweep_codes):
+        raise SystemExit(code)
 
 
 def main(argv: list[str] | None = None) -> None:
+    # Flower and flwr-datasets send usage events unless told not to: nothing leaves by surprise
+    os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
     try:
         dispatch(sys.argv[1:] if argv is None else argv)
     except KeyboardInterrupt:  # Ctrl-C before a run started (a run says more itself)

@@ -9,7 +9,6 @@ federation is sized from the experiment, logs are streamed, and the SuperLink is
 from __future__ import annotations
 
 import contextlib
-import http.client
 import json
 import os
 import shlex
@@ -21,90 +20,13 @@ import sys
 import tempfile
 import time
 import tomllib
-import urllib.request
 from pathlib import Path
 
 from driftfl.common.config import ExperimentConfig
 from driftfl.common.errors import ConfigError
 from driftfl.common.paths import console_script
 
-APP_DIR = Path(__file__).resolve().parents[1]  # holds pyproject.toml: the Flower app
-CONNECTION = "driftfl-simulation"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _wait_healthy(port: int, process: subprocess.Popen, log: Path, timeout: float = 60,
-                  ca: Path | None = None) -> None:
-    """Wait until the SuperLink on 127.0.0.1:``port`` answers its health check (over TLS,
-    trusting ``ca``, when given)."""
-    import ssl
-
-    deadline = time.monotonic() + timeout
-    url = f"{'https' if ca else 'http'}://127.0.0.1:{port}/health"
-    context = ssl.create_default_context(cafile=str(ca)) if ca else None
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"flower-superlink exited with code {process.returncode}; see {log}")
-        try:
-            with urllib.request.urlopen(url, timeout=2, context=context) as r:
-                if r.status == 200:
-                    return
-        except (OSError, http.client.HTTPException):  # not up yet, or another's port
-            pass
-        time.sleep(0.3)
-    raise RuntimeError(f"flower-superlink did not become ready in {timeout:.0f} s; see {log}")
-
-
-def stop(process: subprocess.Popen, grace: float = 15) -> None:
-    """Stop a process and everything below it: SIGTERM, and SIGKILL to what is left after
-    ``grace`` seconds. Flower starts flwr-simulation, and Ray its workers, in sessions of their
-    own, so a process group is not enough: walk the tree."""
-    import psutil
-
-    from driftfl.watchdog import terminate
-
-    try:
-        root = psutil.Process(process.pid)
-        tree = [root, *root.children(recursive=True)]
-    except psutil.NoSuchProcess:
-        tree = []
-    terminate(tree, grace)
-    process.wait()
-
-
-def flwr_env(flwr_home: str, ray_address: str | None = None) -> dict[str, str]:
-    """The environment of the private SuperLink and everything it starts. Flower's Ray backend
-    calls ``ray.init()``, which joins the cluster that RAY_ADDRESS names (Ray's own variable;
-    Flower 1.41's simulation settings have no address), else the one `ray start` recorded in
-    <Ray's temporary folder>/ray_current_cluster, and else starts an instance of its own: only
-    ``simulation.ray_address`` decides, never a RAY_ADDRESS left in the user's shell. A private
-    instance keeps its sessions, sockets and that file under ``flwr_home`` (RAY_TMPDIR), never
-    in the /tmp/ray that every other Ray on the machine shares: concurrent runs neither join
-    nor disturb each other's Ray, and what Ray leaves goes with the run's scratch folder."""
-    from driftfl.server.results import git_revision
-
-    # The SuperLink starts further Flower executables by name: this environment's come first.
-    path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    if ray_address:
-        env["RAY_ADDRESS"] = ray_address
-    else:
-        env["RAY_TMPDIR"] = flwr_home
-    return {**env, "PATH": path, "FLWR_HOME": flwr_home,
-            "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
-            "DRIFTFL_GIT_REVISION": git_revision(), "PYTHONUNBUFFERED": "1",
-            # the clients' lines as they print them: Ray would fold lines alike across its
-            # workers into "[repeated 4x across cluster]" (hiding all but one client's) and
-            # colour the prefix that names the worker, which relay() takes off
-            "RAY_DEDUP_LOGS": "0", "RAY_COLOR_PREFIX": "0",
-            # Ray's start-up tip about a future default says nothing about this run
-            "PYTHONWARNINGS": ",".join(filter(None, [os.environ.get("PYTHONWARNINGS"),
-                                                      "ignore:Tip:FutureWarning"]))}
+from driftfl.host import APP_DIR, CONNECTION
 
 
 def run_config_arg(overrides: list[str], run_dir: Path, resume: bool = False,
@@ -186,101 +108,81 @@ def follow(args: list[str], env: dict[str, str], verbose: bool,
                 flwr.terminate()
 
 
-def start_watchdog(flwr_home: str) -> subprocess.Popen:
-    """A process that ends the run's processes should this one die untidily (SIGKILL): see
-    watchdog.py. In a session of its own, so that Ctrl-C reaches only the launcher."""
-    env = {k: v for k, v in os.environ.items() if k != "FLWR_HOME"}
-    return subprocess.Popen([sys.executable, str(Path(__file__).with_name("watchdog.py")),
-                             str(os.getpid()), flwr_home], env=env, start_new_session=True,
-                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
-
-
 def _exit_on_sigterm(signum, frame):
     raise SystemExit(128 + signum)  # unwinds through `finally`, which stops the SuperLink
 
 
-def _start_superlink(flwr_home: str, env: dict[str, str], log_path: Path,
-                     resume: bool) -> subprocess.Popen:
-    """The private simulation SuperLink, healthy, on a free port named in flwr_home's config.
-    A port found free can be taken before the SuperLink binds it (a parallel sweep job's Ray
-    starts dozens of servers): then it exits, and it starts again on another."""
-    for attempt in range(3):
-        port = free_port()
-        (Path(flwr_home) / "config.toml").write_text(
-            f'[superlink]\ndefault = "{CONNECTION}"\n\n[superlink.{CONNECTION}]\n'
-            f'address = "127.0.0.1:{port}"\ninsecure = true\n')
-        with open(log_path, "a" if resume or attempt else "w") as log:
-            superlink = subprocess.Popen(
-                [console_script("flower-superlink"), "--insecure", "--simulation",
-                 "--disable-runtime-dependency-installation", "--host", "127.0.0.1",
-                 "--port", str(port)],
-                env=env, cwd=APP_DIR, stdout=log, stderr=subprocess.STDOUT,
-                start_new_session=True)
-        try:
-            _wait_healthy(port, superlink, log_path)
-            return superlink
-        except RuntimeError:
-            exited = superlink.poll() is not None
-            stop(superlink)
-            if not exited or attempt == 2:
-                raise
-        except BaseException:  # Ctrl-C or SIGTERM while it starts
-            stop(superlink)
-            raise
-    raise AssertionError("unreachable")
-
-
 def launch_simulation(cfg: ExperimentConfig, overrides: list[str], run_dir: Path,
                       resume: bool = False) -> int:
-    """Run the experiment (``resume``: go on with the stopped run in ``run_dir``); 0 when it
-    completed and wrote its results to ``run_dir``. Ctrl-C or a SIGTERM stops the SuperLink
-    (and the Ray workers under it) too, and says how to resume."""
+    """Run the experiment (``resume``: go on with the stopped run in ``run_dir``) on a private
+    SuperLink and Ray (a sweep's jobs share theirs: driftfl.host); its exit code (EXIT_CODES):
+    0 when it completed and wrote its results to ``run_dir``. Ctrl-C or a SIGTERM stops the
+    SuperLink (and the Ray workers under it) too, and says how to resume."""
+    from driftfl.host import HostFailed, host_for
+
     launched = time.time()  # the run's start-up counts from here
     check_launch(overrides, run_dir, cfg.simulation.ray_address)
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     run_dir.mkdir(parents=True, exist_ok=True)
-    log_path = run_dir / "superlink.log"
-    # ignore_cleanup_errors: a Ray process killed last may still write its log as it goes
-    with tempfile.TemporaryDirectory(prefix="driftfl-flower-",
-                                     ignore_cleanup_errors=True) as flwr_home:
-        env = flwr_env(flwr_home, cfg.simulation.ray_address)
-        superlink, finished = None, False
-        watchdog = start_watchdog(flwr_home)
-        try:
-            superlink = _start_superlink(flwr_home, env, log_path, resume)
-            federation = (f"num_supernodes={cfg.num_clients} "
-                          f"client_resources_num_cpus={cfg.simulation.client_cpus} "
-                          f"client_resources_num_gpus={cfg.simulation.client_gpus}")
-            finished = follow([CONNECTION, "--run-config", run_config_arg(overrides, run_dir,
-                                                                          resume, launched),
-                               "--federation-config", federation, "--stream"], env, cfg.verbose,
-                              scratch=flwr_home)  # the watchdog removes it after a SIGKILL
-        except (SystemExit, KeyboardInterrupt) as stopped:  # `finally` stops the SuperLink
-            print(f"driftfl: stopped; {saved(run_dir, overrides)}", file=sys.stderr)
-            # one line, no traceback: Ctrl-C exits 130 as a shell expects
-            code = stopped.code if isinstance(stopped, SystemExit) else 128 + signal.SIGINT
-            raise SystemExit(code) from None
-        finally:
-            # a finished run has written every file: what Ray and Flower would tidy on a
-            # SIGTERM (4-6 s of it) is of no use, so the rest is killed after a second
-            if superlink:
-                stop(superlink, grace=1 if finished else 15)
-            watchdog.kill()  # nothing of the run is left for it to end
-            watchdog.wait()
-    if finished_status(run_dir):
+    print(f"driftfl: run directory {run_dir}", flush=True)
+    host, shared = host_for(cfg.simulation.ray_address, run_dir / "superlink.log")
+    finished = False
+    try:
+        host.start(resume)
+        federation = (f"num_supernodes={cfg.num_clients} "
+                      f"client_resources_num_cpus={cfg.simulation.client_cpus} "
+                      f"client_resources_num_gpus={cfg.simulation.client_gpus}")
+        print("driftfl: submitting the run (the ServerApp loads the data, Ray starts the "
+              "clients)", flush=True)
+        host.runs += 1
+        finished = follow([CONNECTION, "--run-config", run_config_arg(overrides, run_dir,
+                                                                      resume, launched),
+                           "--federation-config", federation, "--stream"], host.env,
+                          cfg.verbose, scratch=host.flwr_home)  # the watchdog removes it
+    except HostFailed as err:
+        print(f"driftfl: error: {err}", file=sys.stderr)
+        return EXIT_CODES["failed"]
+    except (SystemExit, KeyboardInterrupt) as stopped:  # `finally` stops the SuperLink
+        if shared:  # the sweep stops here: its host goes with it
+            host.close()
+        print(f"driftfl: stopped; {saved(run_dir, overrides)}", file=sys.stderr)
+        # one line, no traceback: Ctrl-C exits 130 as a shell expects
+        code = stopped.code if isinstance(stopped, SystemExit) else 128 + signal.SIGINT
+        raise SystemExit(code) from None
+    finally:
+        # a finished run has written every file: what Ray and Flower would tidy on a
+        # SIGTERM (4-6 s of it) is of no use, so the rest is killed after a second
+        if not shared:
+            host.close(quick=finished)
+    return run_outcome(run_dir, overrides, f"see the log above and {host.log}")
+
+
+def run_outcome(run_dir: Path, overrides: list[str], advice: str) -> int:
+    """The exit code of the run in ``run_dir`` (EXIT_CODES), with a line on stderr unless it
+    completed."""
+    status = run_status(run_dir)
+    if status == "completed":
         return 0
-    print(not_completed(run_dir, overrides, f"see the log above and {log_path}"),
-          file=sys.stderr)
-    return 1
+    if status == "incomplete":
+        print(f"driftfl: the run is incomplete (exit code {EXIT_CODES['incomplete']}): its "
+              f"results are in {run_dir}, and summary.json says what it lacks", file=sys.stderr)
+        return EXIT_CODES["incomplete"]
+    print(not_completed(run_dir, overrides, advice), file=sys.stderr)
+    return EXIT_CODES["failed"]
 
 
-def finished_status(run_dir: Path) -> bool:
-    """Whether the run wrote its results: status completed, or incomplete (it trained, but
-    some round got no usable reply or too few clients were left; the ServerApp printed why).
-    A failed run (no round trained, or stopped) is not."""
+# `driftfl run`'s exit codes (docs/running.md); 2: the command was refused, nothing ran;
+# 130/143: stopped by Ctrl-C/SIGTERM
+EXIT_CODES = {"completed": 0, "failed": 1, "incomplete": 3}
+
+
+def run_status(run_dir: Path) -> str | None:
+    """The status summary.json gives the run (completed, incomplete, failed); None without
+    one."""
     summary = run_dir / "summary.json"
-    return summary.is_file() and json.loads(summary.read_text()).get("status") in (
-        "completed", "incomplete")
+    if not summary.is_file():
+        return None
+    return json.loads(summary.read_text()).get("status")
 
 
 def check_connection(name: str) -> None:
@@ -308,11 +210,8 @@ def launch_deployment(cfg: ExperimentConfig, overrides: list[str], run_dir: Path
         print(f"driftfl: stopped following the run; it may go on in the federation "
               f"(flwr ls {cfg.superlink}; flwr stop <run id> {cfg.superlink})", file=sys.stderr)
         raise SystemExit(128 + signal.SIGINT) from None
-    if finished_status(run_dir):
-        return 0
-    print(not_completed(run_dir, overrides, "if the SuperLink stopped, start it again with the "
-                        "same --database: the nodes reconnect"), file=sys.stderr)
-    return 1
+    return run_outcome(run_dir, overrides, "if the SuperLink stopped, start it again with the "
+                       "same --database: the nodes reconnect")
 
 
 def not_completed(run_dir: Path, overrides: list[str], advice: str) -> str:

@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from driftfl.launch import stop
+from driftfl.host import stop
 
 FENCE = re.compile(r"^```bash\n(.*?)^```", re.MULTILINE | re.DOTALL)
 HEADING = re.compile(r"^(#{1,4}) (.+)$", re.MULTILINE)

@@ -24,7 +24,7 @@ from driftfl.client.node import NO_DATA_NAMED
 from driftfl.common.datasets import load_dataset
 from driftfl.deploy.credentials import make_credentials
 from driftfl.common.paths import console_script
-from driftfl.launch import _wait_healthy, flwr_env, free_port, stop
+from driftfl.host import _wait_healthy, flwr_env, free_port, stop
 
 pytestmark = pytest.mark.e2e
 

@@ -18,7 +18,7 @@ import pytest
 from conftest import driftfl_bin
 from driftfl.common.datasets import load_dataset
 from driftfl.common.partition import label_histogram, partition
-from driftfl.launch import free_port, stop
+from driftfl.host import free_port, stop
 from test_e2e_simulation import QUICK, assert_learned
 
 pytestmark = pytest.mark.e2e

@@ -17,7 +17,7 @@ import yaml
 
 from conftest import REPO, driftfl_bin
 from driftfl.common.paths import console_script
-from driftfl.launch import CONNECTION, _wait_healthy, flwr_env, free_port, stop
+from driftfl.host import CONNECTION, _wait_healthy, flwr_env, free_port, stop
 from driftfl.methods import METHODS
 
 pytestmark = pytest.mark.e2e

@@ -119,14 +119,28 @@ def test_the_status_rules():
     assert run_status([row(0, 0), noise_alone])["status"] == "failed"
 
 
-@pytest.mark.parametrize("status, exits_0", [("completed", True), ("incomplete", True),
-                                             ("failed", False), (None, False)])
-def test_driftfl_run_exits_non_zero_for_a_failed_run(tmp_path, status, exits_0):
-    from driftfl.launch import finished_status
+@pytest.mark.parametrize("status, code, says", [
+    ("completed", 0, ""), ("incomplete", 3, "the run is incomplete (exit code 3)"),
+    ("failed", 1, "the run failed"), (None, 1, "the run did not complete (no summary.json")])
+def test_driftfl_run_exit_code_tells_completed_incomplete_and_failed_apart(tmp_path, capsys,
+                                                                           status, code, says):
+    """A script or CI tells the outcomes apart by the exit code alone (docs/running.md)."""
+    from driftfl.launch import EXIT_CODES, run_outcome
 
     if status:
         (tmp_path / "summary.json").write_text(json.dumps({"status": status}))
-    assert finished_status(tmp_path) is exits_0
+    assert run_outcome(tmp_path, [], "advice") == code
+    assert EXIT_CODES.get(status or "failed") == code
+    err = capsys.readouterr().err
+    assert (says in err) if says else err == ""
+
+
+def test_a_sweep_exits_with_its_worst_job():
+    from driftfl.cli import worst
+
+    assert worst([]) == 0
+    assert worst([3, 3]) == 3
+    assert worst([3, 1, 3]) == 1  # a failed job outweighs an incomplete one
 
 
 class OutOfMemoryGrid(InProcessGrid):
@@ -153,6 +167,9 @@ def test_rounds_in_a_row_that_run_out_of_memory_stop_the_run_in_one_line_each(tm
     rows = json.loads((tmp_path / "metrics.json").read_text())["rounds"]
     assert [r["round"] for r in rows] == [0, 1, 2, 3]  # the default: 3 rounds in a row
     assert [r["rejected"] for r in rows[1:]] == [2, 2, 2]
+    # the machine ran out of memory: the round line says so, not that the clients were at fault
+    assert {(r["failed_partitions"], r["failed_for"]) for r in rows[1:]} == {
+        ("0 1", "out of memory")}
     assert summary["status"] == "failed" and str(stopped.value) == summary["reason"]
     assert summary["reason"] == (
         "stopped after round 3: rounds 1-3 got no usable client reply "

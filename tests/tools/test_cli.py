@@ -205,7 +205,7 @@ def test_a_sweep_to_a_place_that_cannot_be_reached_is_refused_before_anything_is
         tmp_path):
     """A Ray cluster that does not answer, or a federation flwr does not know: one line, and no
     sweep directory (not even Hydra's multirun.yaml), whichever launcher runs the jobs."""
-    from driftfl.launch import free_port
+    from driftfl.host import free_port
 
     port = free_port()  # nothing listens there
     home = tmp_path / "flwr-home"
@@ -270,7 +270,8 @@ def test_flwr_run_gets_a_copy_of_the_app_that_bundles_to_the_same_bytes(tmp_path
     before filtering them: driftfl hands it a copy holding only what the bundle takes."""
     from flwr.cli.build import build_fab_from_disk
 
-    from driftfl.launch import APP_DIR, app_bundle
+    from driftfl.host import APP_DIR
+    from driftfl.launch import app_bundle
 
     with app_bundle() as copy:
         files = sorted(str(p.relative_to(copy)) for p in copy.rglob("*") if p.is_file())

@@ -32,7 +32,7 @@ from conftest import REPO, driftfl_bin
 from driftfl.common.errors import ConfigError
 from driftfl.deploy import proxy
 from driftfl.deploy.credentials import certificate_names, make_credentials
-from driftfl.launch import free_port
+from driftfl.host import free_port
 
 pytestmark = pytest.mark.slow  # real `driftfl secure`/`split` processes
 

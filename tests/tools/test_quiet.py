@@ -71,7 +71,7 @@ def test_a_simulated_clients_lines_come_as_it_printed_them_each_once():
     """Ray names the worker before each line it forwards, coloured unless RAY_COLOR_PREFIX=0
     (which driftfl run sets, with RAY_DEDUP_LOGS=0 so that no client's line is folded into
     another's "[repeated 4x across cluster]")."""
-    from driftfl.launch import flwr_env
+    from driftfl.host import flwr_env
 
     printed = ["condense: client 3 iteration 5/20, matching loss 1.664, 1.4 s\n",
                "condense: client 0 iteration 5/20, matching loss 1.436, 0.1 s\n"]

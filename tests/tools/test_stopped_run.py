@@ -8,7 +8,8 @@ import json
 
 import numpy as np
 
-from driftfl.launch import flwr_env, not_completed, saved
+from driftfl.host import flwr_env
+from driftfl.launch import not_completed, saved
 from driftfl.server import treefile
 from driftfl.server.checkpoint import CHECKPOINT
 

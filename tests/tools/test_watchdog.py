@@ -17,7 +17,7 @@ from driftfl.watchdog import terminate
 
 LAUNCHER = """
 import os, subprocess, sys, time
-from driftfl.launch import start_watchdog
+from driftfl.host import start_watchdog
 home = sys.argv[1]
 watchdog = start_watchdog(home)
 # Flower's processes: a session of their own, the run's FLWR_HOME, a child of their own

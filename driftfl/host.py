@@ -1,0 +1,293 @@
+"""Where `driftfl run` simulates: a private SuperLink and a private Ray instance, started once and
+kept for every job of a sweep.
+
+A run's start-up was mostly processes starting: Ray (its GCS, raylet and agents), the SuperLink,
+then the run's own. A ``SimulationHost`` starts Ray (`ray start --head`, bound to 127.0.0.1, its
+sessions and sockets in the host's scratch FLWR_HOME) and the SuperLink once; each run is a
+`flwr run` submitted to it, whose simulation joins that Ray instance (RAY_ADDRESS) instead of
+starting one. A lone run has a host of its own, stopped when it ends; a sweep's jobs share one
+(``shared_hosts``), stopped when the sweep ends. ``simulation.ray_address`` names a cluster to
+join instead of starting Ray. What a run computes does not depend on it: the same settings give
+the same bytes whether run alone or in a sweep (tests/e2e/test_e2e_sweep.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+from driftfl.common.paths import console_script
+
+APP_DIR = Path(__file__).resolve().parents[1]  # holds pyproject.toml: the Flower app
+CONNECTION = "driftfl-simulation"
+RAY_READY = "Ray runtime started"
+# `ray start` waits this long for its raylet; a loaded machine can need more, so a failed start
+# is tried again once with the longer wait
+RAY_WAITS = (30, 120)
+
+
+class HostFailed(RuntimeError):
+    """The SuperLink or Ray could not start: the message is one line with the cause."""
+
+
+class SimulationHost:
+    """A private SuperLink (and Ray instance, unless ``ray_address`` names a cluster) that
+    runs are submitted to; ``log``: the file the processes write to."""
+
+    def __init__(self, ray_address: str | None, log: Path):
+        self.ray_address, self.log = ray_address, log
+        self.flwr_home = tempfile.mkdtemp(prefix="driftfl-flower-")
+        self.ray: subprocess.Popen | None = None
+        self.superlink: subprocess.Popen | None = None
+        self.watchdog = None
+        self.env: dict[str, str] = {}
+        self.runs = 0  # runs submitted so far
+
+    def start(self, resume: bool = False) -> None:
+        """Start what is not running yet (``resume``: a resumed run's log is appended to),
+        saying each stage as it happens."""
+        if self.watchdog is None:
+            self.watchdog = start_watchdog(self.flwr_home)
+            self.log.parent.mkdir(parents=True, exist_ok=True)
+            if not resume:
+                self.log.write_text("")
+        address = self.ray_address
+        if not address:
+            if self.ray is None or self.ray.poll() is not None:
+                started = time.monotonic()
+                say("starting Ray")
+                self.ray, self.ray_port = start_ray(self.flwr_home, self.log)
+                say(f"Ray is up ({time.monotonic() - started:.1f} s)")
+            address = f"127.0.0.1:{self.ray_port}"
+        self.env = flwr_env(self.flwr_home, address)
+        if self.superlink is None or self.superlink.poll() is not None:
+            started = time.monotonic()
+            say("starting the SuperLink")
+            try:
+                self.superlink = start_superlink(self.flwr_home, self.env, self.log)
+            except RuntimeError as err:
+                raise HostFailed(str(err)) from None
+            say(f"the SuperLink is up ({time.monotonic() - started:.1f} s)")
+
+    def close(self, quick: bool = False) -> None:
+        """Stop the SuperLink and Ray, and everything under them (``quick``: every run is over
+        and wrote its files, so what is left is killed after a second)."""
+        grace = 1 if quick else 15
+        for process in (self.superlink, self.ray):
+            if process is not None:
+                stop(process, grace=grace)
+        self.superlink = self.ray = None
+        if self.watchdog is not None:
+            self.watchdog.kill()  # nothing of the runs is left for it to end
+            self.watchdog.wait()
+            self.watchdog = None
+        shutil.rmtree(self.flwr_home, ignore_errors=True)
+
+
+def say(stage: str) -> None:
+    print(f"driftfl: {stage}", flush=True)
+
+
+def start_ray(flwr_home: str, log: Path) -> tuple[subprocess.Popen, int]:
+    """A Ray head on 127.0.0.1 whose sessions live in ``flwr_home`` (so no other Ray on the
+    machine finds or joins it), and its port; HostFailed with the cause after a second try."""
+    for attempt, wait in enumerate(RAY_WAITS):
+        port = free_port()
+        with open(log, "a") as out:
+            out.write(f"--- ray start (port {port}, waiting up to {wait} s)\n")
+            out.flush()
+            env = {**os.environ, "RAY_TMPDIR": flwr_home, "RAY_USAGE_STATS_ENABLED": "0",
+                   "RAY_raylet_start_wait_time_s": str(wait)}
+            env.pop("RAY_ADDRESS", None)
+            ray = subprocess.Popen(
+                [console_script("ray"), "start", "--head", "--block", f"--port={port}",
+                 "--node-ip-address=127.0.0.1", "--include-dashboard=false",
+                 "--disable-usage-stats", f"--temp-dir={flwr_home}"],
+                env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                start_new_session=True)
+        try:
+            cause = wait_ready(ray, log, wait + 30)
+        except BaseException:  # Ctrl-C or SIGTERM while it starts
+            stop(ray)
+            raise
+        if cause is None:
+            return ray, port
+        stop(ray)
+        if attempt + 1 < len(RAY_WAITS):
+            say(f"Ray did not start ({cause}); trying again with a longer wait")
+    raise HostFailed(f"Ray did not start: {cause}; the machine may be too busy (see {log})")
+
+
+def wait_ready(ray: subprocess.Popen, log: Path, timeout: float) -> str | None:
+    """None once ``ray`` says it started; else why not, in a few words."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        text = log.read_text(errors="replace")
+        tail = text[text.rfind("--- ray start"):]
+        if RAY_READY in tail:
+            return None
+        if ray.poll() is not None:
+            return f"`ray start` exited with code {ray.returncode}: {last_error(tail)}"
+        time.sleep(0.2)
+    return f"not ready within {timeout:.0f} s"
+
+
+def last_error(text: str) -> str:
+    """The last line of ``text`` that names an error (else its last line), shortened."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    errors = [line for line in lines if re.search(r"error|exception|failed", line, re.I)]
+    found = (errors or lines or ["no output"])[-1]
+    return found[:200]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_healthy(port: int, process: subprocess.Popen, log: Path, timeout: float = 60,
+                  ca: Path | None = None) -> None:
+    """Wait until the SuperLink on 127.0.0.1:``port`` answers its health check (over TLS,
+    trusting ``ca``, when given)."""
+    import ssl
+
+    deadline = time.monotonic() + timeout
+    url = f"{'https' if ca else 'http'}://127.0.0.1:{port}/health"
+    context = ssl.create_default_context(cafile=str(ca)) if ca else None
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"flower-superlink exited with code {process.returncode}; see {log}")
+        try:
+            with urllib.request.urlopen(url, timeout=2, context=context) as r:
+                if r.status == 200:
+                    return
+        except (OSError, http.client.HTTPException):  # not up yet, or another's port
+            pass
+        time.sleep(0.3)
+    raise RuntimeError(f"flower-superlink did not become ready in {timeout:.0f} s; see {log}")
+
+
+def stop(process: subprocess.Popen, grace: float = 15) -> None:
+    """Stop a process and everything below it: SIGTERM, and SIGKILL to what is left after
+    ``grace`` seconds. Flower starts flwr-simulation, and Ray its workers, in sessions of their
+    own, so a process group is not enough: walk the tree."""
+    import psutil
+
+    from driftfl.watchdog import terminate
+
+    try:
+        root = psutil.Process(process.pid)
+        tree = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        tree = []
+    terminate(tree, grace)
+    process.wait()
+
+
+def flwr_env(flwr_home: str, ray_address: str | None = None) -> dict[str, str]:
+    """The environment of the private SuperLink and everything it starts. Flower's Ray backend
+    calls ``ray.init()``, which joins the cluster that RAY_ADDRESS names (Ray's own variable;
+    Flower's simulation settings have no address): the host's own Ray (``start_ray``) or the
+    cluster ``simulation.ray_address`` names, never a RAY_ADDRESS left in the user's shell.
+    Without one it would start an instance of its own, keeping its sessions, sockets and
+    ray_current_cluster under ``flwr_home`` (RAY_TMPDIR), never in the /tmp/ray that every
+    other Ray on the machine shares: concurrent runs neither join nor disturb each other's
+    Ray, and what Ray leaves goes with the run's scratch folder. No telemetry leaves: Flower's
+    and flwr-datasets' events are off unless the user's environment turns them on."""
+    from driftfl.server.results import git_revision
+
+    # The SuperLink starts further Flower executables by name: this environment's come first.
+    path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    if ray_address:
+        env["RAY_ADDRESS"] = ray_address
+    else:
+        env["RAY_TMPDIR"] = flwr_home
+    return {"FLWR_TELEMETRY_ENABLED": "0", **env, "PATH": path, "FLWR_HOME": flwr_home,
+            "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+            "DRIFTFL_GIT_REVISION": git_revision(), "PYTHONUNBUFFERED": "1",
+            # the clients' lines as they print them: Ray would fold lines alike across its
+            # workers into "[repeated 4x across cluster]" (hiding all but one client's) and
+            # colour the prefix that names the worker, which relay() takes off
+            "RAY_DEDUP_LOGS": "0", "RAY_COLOR_PREFIX": "0",
+            # Ray's start-up tip about a future default says nothing about this run
+            "PYTHONWARNINGS": ",".join(filter(None, [os.environ.get("PYTHONWARNINGS"),
+                                                      "ignore:Tip:FutureWarning"]))}
+
+
+def start_watchdog(flwr_home: str) -> subprocess.Popen:
+    """A process that ends the run's processes should this one die untidily (SIGKILL): see
+    watchdog.py. In a session of its own, so that Ctrl-C reaches only the launcher."""
+    env = {k: v for k, v in os.environ.items() if k != "FLWR_HOME"}
+    return subprocess.Popen([sys.executable, str(Path(__file__).with_name("watchdog.py")),
+                             str(os.getpid()), flwr_home], env=env, start_new_session=True,
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+
+
+def start_superlink(flwr_home: str, env: dict[str, str], log_path: Path) -> subprocess.Popen:
+    """The private simulation SuperLink, healthy, on a free port named in flwr_home's config.
+    A port found free can be taken before the SuperLink binds it (a parallel sweep job's Ray
+    starts dozens of servers): then it exits, and it starts again on another."""
+    for attempt in range(3):
+        port = free_port()
+        (Path(flwr_home) / "config.toml").write_text(
+            f'[superlink]\ndefault = "{CONNECTION}"\n\n[superlink.{CONNECTION}]\n'
+            f'address = "127.0.0.1:{port}"\ninsecure = true\n')
+        with open(log_path, "a") as log:
+            superlink = subprocess.Popen(
+                [console_script("flower-superlink"), "--insecure", "--simulation",
+                 "--disable-runtime-dependency-installation", "--host", "127.0.0.1",
+                 "--port", str(port)],
+                env=env, cwd=APP_DIR, stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True)
+        try:
+            _wait_healthy(port, superlink, log_path)
+            return superlink
+        except RuntimeError:
+            exited = superlink.poll() is not None
+            stop(superlink)
+            if not exited or attempt == 2:
+                raise
+        except BaseException:  # Ctrl-C or SIGTERM while it starts
+            stop(superlink)
+            raise
+    raise AssertionError("unreachable")
+
+
+_shared: dict[str | None, SimulationHost] | None = None  # the sweep's hosts, by Ray address
+
+
+@contextlib.contextmanager
+def shared_hosts():
+    """While open, ``host_for`` hands every run of this process one host per Ray address,
+    stopped when it closes."""
+    global _shared
+    _shared = {}
+    try:
+        yield
+    finally:
+        hosts, _shared = _shared, None
+        for host in hosts.values():
+            host.close(quick=True)
+
+
+def host_for(ray_address: str | None, run_log: Path) -> tuple[SimulationHost, bool]:
+    """The host a run goes to, and whether it is shared (else the run stops it). A shared
+    host's processes log beside the sweep's job directories (``run_log``: <job dir>/<name>)."""
+    if _shared is None:
+        return SimulationHost(ray_address, run_log), False
+    if ray_address not in _shared:
+        _shared[ray_address] = SimulationHost(ray_address, run_log.parent.parent / run_log.name)
+    return _shared[ray_address], True
+
