@@ -48,6 +48,8 @@ CRASH = re.compile(r"^\*\*\* (SIG\w+) received at time|^Fatal Python error: |Mut
                    r"Check failed: |\bRAW: |^terminate called")
 DUMP = re.compile(r"^$|^PC: @ |^\s*@ |^Stack \(most recent call first\)|^Extension modules: |"
                   r"^\s+File \".*\", line \d+ in |^(Current thread|Thread) 0x")
+# abseil's notice that a lock was held long (a loaded machine): no crash, the run goes on
+SLOW_LOCK = re.compile(r"\bRAW: Lock blocking ")
 # the raylet's notice of a dead worker: the round's rejections name it, with what to change
 DEAD_WORKER = "A worker died or was killed while executing a task by an unexpected system error"
 
@@ -65,7 +67,7 @@ class Crashes:
         source = SOURCE.match(text)
         who = source.group(1) if source else ""
         text = STAMP.sub("", text[source.end():] if source else text)
-        if text.startswith(DEAD_WORKER):
+        if text.startswith(DEAD_WORKER) or SLOW_LOCK.search(text):
             return ""
         if who in self.crashed and (CRASH.search(text) or DUMP.search(text)):
             return ""
@@ -88,15 +90,38 @@ def relay(lines: Iterable[str], verbose: bool, out=None, last: str | None = None
     ended without it)."""
     out = out or sys.stdout
     crashes, left_out = Crashes(), False
+    live = LiveLine(out)
     for line in lines:
         shown = line if verbose else crashes.line(line)
         # (a blank line after one left out belongs to it)
         if shown is None and not is_noise(line) and not (left_out and not line.strip()):
             shown = WORKER_PREFIX.sub("", line)
         if shown:
-            out.write(shown)
-            out.flush()
+            live.write(shown)
         left_out = not shown
         if last and ANSI.sub("", line).startswith(last):
             return True
     return False
+
+
+class LiveLine:
+    """Writes a run's lines to ``out``; on a terminal, the ServerApp's progress lines
+    (driftfl.server.progress) as one line rewritten in place, cleared by the next line."""
+
+    def __init__(self, out):
+        self.out = out
+        self.tty = hasattr(out, "isatty") and out.isatty()
+        self.pending = False  # a progress line is on the screen, without its newline
+
+    def write(self, line: str) -> None:
+        from driftfl.server.progress import PROGRESS
+
+        progress = ANSI.sub("", line).startswith(PROGRESS)
+        if self.pending:
+            self.out.write("\r\x1b[K")
+        if progress and self.tty:
+            self.out.write(ANSI.sub("", line).rstrip("\n")[len("driftfl: "):])
+        else:
+            self.out.write(line)
+        self.pending = progress and self.tty
+        self.out.flush()

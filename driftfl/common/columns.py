@@ -17,7 +17,7 @@ from collections.abc import Iterable
 SERVER_COLUMNS = frozenset({
     "round", "test_accuracy", "test_loss", "seconds", "train_seconds", "eval_seconds",
     "clients", "model_updated", "rejected", "rejected_partitions", "lost_partitions",
-    "late_partitions", "refused_state", "bytes_sent", "bytes_received", "per_class_accuracy",
+    "late_partitions", "failed_partitions", "failed_for", "refused_state", "bytes_sent", "bytes_received", "per_class_accuracy",
     "epsilon", "dropped_partitions", "client_acc_before_mean", "client_acc_before_std",
     "client_acc_before_worst10", "client_acc_before_best", "client_acc_after_mean",
     "client_acc_after_std", "client_acc_after_worst10", "client_acc_after_best"})

@@ -16,9 +16,9 @@ def forward_batch_size(x: torch.Tensor) -> int:
 
 @torch.no_grad()
 def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int | None,
-             num_classes: int) -> tuple[float, float, list[float]]:
+             num_classes: int, progress=None) -> tuple[float, float, list[float]]:
     """(mean cross-entropy, accuracy, per-class accuracy) of ``model`` on (x, y), in batches
-    of ``batch_size`` (None: ``forward_batch_size``)."""
+    of ``batch_size`` (None: ``forward_batch_size``); ``progress(done, total)`` after each."""
     batch_size = batch_size or forward_batch_size(x)
     model.eval()
     loss_sum = 0.0
@@ -31,6 +31,8 @@ def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int
         hits = (logits.argmax(1) == yb).long().cpu()
         correct += torch.bincount(yb.cpu(), weights=hits, minlength=num_classes).long()
         total += torch.bincount(yb.cpu(), minlength=num_classes)
+        if progress:
+            progress(start + len(yb), len(y))
     per_class = torch.where(total > 0, correct.double() / total.clamp(min=1), torch.nan).tolist()
     n = max(len(y), 1)
     return loss_sum / n, float(correct.sum()) / n, per_class

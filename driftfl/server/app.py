@@ -34,6 +34,7 @@ from . import checkpoint, console
 from .client_eval import client_figures, client_rows, spread_columns
 from .experiment import Experiment, prepare_experiment
 from .federation import Federation
+from .progress import Progress
 from .results import RunRecorder
 from .run_config import experiment_overrides
 from .outcome import RunStopped, learned, run_status, stop_reason, telling
@@ -68,6 +69,9 @@ def main(grid: Grid, context: Context) -> None:
         paths.home() / "runs" / time.strftime("%Y-%m-%d") / time.strftime("%H-%M-%S"))
     try:
         cfg = compose(experiment_overrides(context.run_config))
+        since = (f" ({time.time() - launched:.1f} s after driftfl run began)"
+                 if context.run_config.get("launched") else "")
+        print(f"driftfl: the ServerApp is up{since}; loading {cfg.dataset.name}", flush=True)
         experiment = prepare_experiment(cfg)
         run_experiment(grid, experiment, Path(str(run_dir)), context.run_id,
                        resume=bool(context.run_config.get("resume", False)), launched=launched)
@@ -215,8 +219,9 @@ class RoundEvaluator:
     def __call__(self, server_round: int, arrays) -> MetricRecord:
         eval_started = time.perf_counter()
         load_arrays(self.model, arrays)
-        loss, accuracy, per_class = evaluate(self.model, self.x, self.y,
-                                             self.cfg.eval_batch_size, self.num_classes)
+        loss, accuracy, per_class = evaluate(
+            self.model, self.x, self.y, self.cfg.eval_batch_size, self.num_classes,
+            Progress(f"round {server_round}: the server's evaluation", "test images").update)
         report = self.strategy.report if server_round > 0 else None
         row = {"round": server_round, "test_accuracy": accuracy, "test_loss": loss}
         if report:  # the clients' metrics (train-loss -> train_loss, ...), then the server's
@@ -238,6 +243,11 @@ class RoundEvaluator:
                     "model_updated": int(bool(report and report.model_updated)),
                     "rejected": len(report.rejected) if report else 0,
                     "rejected_partitions": " ".join(report.rejected_partitions) if report else "",
+                    # of those, the replies that failed for want of a resource (Ray's memory
+                    # monitor killed the worker, ...): the client was not at fault
+                    "failed_partitions": " ".join(p for p, _ in report.failed) if report else "",
+                    "failed_for": "; ".join(sorted({r for _, r in report.failed}))
+                    if report else "",
                     "lost_partitions": " ".join(report.lost) if report else "",
                     "late_partitions": " ".join(report.late) if report else "",
                     **({"dropped_partitions": " ".join(report.dropped) if report else ""}

@@ -91,8 +91,13 @@ def round_line(row: dict, rounds: int, *, secure: bool = False, dp: str = "") ->
     if row["round"] > 0:
         text += (f"  |  {'secagg+ ' if secure else ''}{row['clients']} clients, "
                  f"{_size(row['bytes_sent'])} out, {_size(row['bytes_received'])} in")
-        if row.get("rejected"):
-            text += f", {row['rejected']} rejected (partitions {row['rejected_partitions']})"
+        failed = str(row.get("failed_partitions") or "").split()
+        rejected = [p for p in str(row.get("rejected_partitions") or "").split()
+                    if p not in failed]
+        if row.get("rejected") and rejected:
+            text += f", {len(rejected)} rejected (partitions {' '.join(rejected)})"
+        if failed:
+            text += f", failed ({row['failed_for']}): partition(s) {' '.join(failed)}"
         if row.get("dropped_partitions"):
             text += f", dropped: partition(s) {row['dropped_partitions']}"
         if row.get("lost_partitions"):

@@ -143,6 +143,8 @@ class SimulatedFederation(Federation):
         return clients
 
     def start(self, clients, run_dir, experiment_record, on_change):
+        print("driftfl: the clients start (Ray's workers import the ClientApp and load their "
+              "data)", flush=True)
         warm_up(self.assigning, clients, experiment_record, self.cfg)  # not metered: no round's
 
 

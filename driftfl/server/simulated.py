@@ -21,9 +21,7 @@ kept one actor busy while the other idled: 5 % on a median run of 10 unequal cli
 
 from __future__ import annotations
 
-import math
 import os
-import time
 from collections.abc import Callable, Iterable
 from datetime import datetime, timezone
 
@@ -31,6 +29,8 @@ from flwr.app import ConfigRecord, Message, RecordDict
 from flwr.serverapp import Grid
 
 from driftfl.common.protocol import ASSIGNED_PARTITION, CONFIG, NUM_PARTITIONS
+
+from .progress import gather, step_of
 
 # the pause between looks for replies: 1 ms per awaited reply, within 5 ms and Flower's 0.1 s
 PULL_SECONDS_PER_REPLY = 0.001
@@ -70,22 +70,23 @@ class AssigningGrid:
     def __getattr__(self, name):
         return getattr(self._grid, name)
 
+    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
+        return self._grid.push_messages([self.stamp(m) for m in messages])
+
     def send_and_receive(self, messages: Iterable[Message], *,
                          timeout: float | None = None) -> list[Message]:
         """Flower's InMemoryGrid.send_and_receive, looking for the replies more often when few
-        are awaited: its look every 0.1 s cost each exchange 50 ms on average, most of a round
-        whose clients answer in milliseconds, while a look costs microseconds per awaited reply."""
-        awaited = set(self._grid.push_messages([self.stamp(m) for m in messages]))
-        deadline = math.inf if timeout is None else time.monotonic() + timeout
-        replies: list[Message] = []
-        while awaited and time.monotonic() < deadline:
-            arrived = list(self._grid.pull_messages(awaited))
-            replies += arrived
-            awaited -= {reply.metadata.reply_to_message_id for reply in arrived}
-            if awaited:
-                time.sleep(min(max(PULL_SECONDS_PER_REPLY * len(awaited), PULL_SECONDS[0]),
-                               PULL_SECONDS[1]))
-        return replies
+        are awaited (``pause``), with a progress line while a round waits long."""
+        messages = list(messages)
+        return gather(self, set(self.push_messages(messages)), timeout, self.pause,
+                      step_of(messages))
+
+    @staticmethod
+    def pause(awaited: int) -> float:
+        """Seconds to the next look for replies: Flower's look every 0.1 s cost each exchange
+        50 ms on average, most of a round whose clients answer in milliseconds, while a look
+        costs microseconds per awaited reply."""
+        return min(max(PULL_SECONDS_PER_REPLY * awaited, PULL_SECONDS[0]), PULL_SECONDS[1])
 
     def stamp(self, msg: Message) -> Message:
         node = msg.metadata.dst_node_id

@@ -19,6 +19,8 @@ class RoundReport:
     # of those, the replies that failed for want of a resource (who, reason): logged in one
     # line for the round (error_replies.log_refused), not one a reply
     starved: list[tuple[str, str]] = field(default_factory=list)
+    # (partition, what it lacked): replies that failed for want of a resource, not rejected
+    failed: list[tuple[str, str]] = field(default_factory=list)
     offenders: list[int] = field(default_factory=list)  # the others, by node id
     silent: list[int] = field(default_factory=list)  # sent a train message, sent nothing back
     # of those, the lost (by name, and their node ids): the SuperLink reported them

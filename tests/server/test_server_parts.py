@@ -302,3 +302,16 @@ def test_before_round_1_a_simulation_warms_up_as_many_clients_as_run_at_once(mon
                           compose([f"simulation.client_cpus={cpus}"]))
         assert [m.metadata.dst_node_id for m in grid.sent] == warmed
         assert {m.metadata.message_type for m in grid.sent} == {f"query.{DATA_SUMMARY}"}
+
+
+def test_round_line_says_out_of_memory_not_rejected():
+    """A reply that failed for want of a resource (Ray's memory monitor killed the worker) is
+    the machine's, not the client's: the round line names it so, and rejects only the rest."""
+    row = {"round": 2, "test_accuracy": 0.5, "test_loss": 1.0, "train_seconds": 1.0,
+           "eval_seconds": 0.1, "clients": 3, "bytes_sent": 10, "bytes_received": 10,
+           "model_updated": 1, "rejected": 3, "rejected_partitions": "1 4 7",
+           "failed_partitions": "4 7", "failed_for": "out of memory"}
+    line = console.round_line(row, 5)
+    assert line.endswith(", 1 rejected (partitions 1), failed (out of memory): partition(s) 4 7")
+    only = console.round_line({**row, "rejected": 2, "rejected_partitions": "4 7"}, 5)
+    assert "rejected" not in only and only.endswith("failed (out of memory): partition(s) 4 7")

@@ -111,8 +111,9 @@ class ReplyGuard:
         failed for want of a resource is logged with the round's others (``log_starved``)."""
         report.rejected.append(f"{self.clients.describe(node)}: {reason}")
         report.rejected_partitions.append(self.clients.name(node))
-        if resource_of(reason):
+        if resource := resource_of(reason):
             report.starved.append((self.clients.describe(node), reason))
+            report.failed.append((self.clients.name(node), resource.name))
         else:
             report.offenders.append(node)
             log(WARNING, "round reply from %s rejected: %s", self.clients.describe(node), reason)
