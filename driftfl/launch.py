@@ -88,7 +88,7 @@ def app_bundle(scratch: str | None = None):
 
 
 def follow(args: list[str], env: dict[str, str], verbose: bool,
-           scratch: str | None = None) -> bool:
+           scratch: str | None = None, seen: dict | None = None) -> bool:
     """Run `flwr run <app> <args>` (``<app>``: a copy of the app, see app_bundle; ``args``
     with --stream), printing its lines as they come (Flower's and Ray's noise left out unless
     ``verbose``) until the run's closing results line: what Flower does after it (shutting Ray
@@ -102,7 +102,7 @@ def follow(args: list[str], env: dict[str, str], verbose: bool,
             [console_script("flwr"), "run", str(app), *args], env=env, cwd=APP_DIR,
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1) as flwr:
         try:
-            return relay(flwr.stdout, verbose, last=RESULTS)
+            return relay(flwr.stdout, verbose, last=RESULTS, seen=seen)
         finally:
             if flwr.poll() is None:  # done, or stopped by Ctrl-C or SIGTERM: it only streams
                 flwr.terminate()
@@ -203,15 +203,26 @@ def launch_deployment(cfg: ExperimentConfig, overrides: list[str], run_dir: Path
     check_connection(cfg.superlink)
     env = {**os.environ, "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
            "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]])}
+    seen: dict[str, str] = {}
     try:
         follow([cfg.superlink, "--stream",
-                "--run-config", run_config_arg(overrides, run_dir, resume)], env, cfg.verbose)
+                "--run-config", run_config_arg(overrides, run_dir, resume)], env, cfg.verbose,
+               seen=seen)
     except KeyboardInterrupt:
-        print(f"driftfl: stopped following the run; it may go on in the federation "
-              f"(flwr ls {cfg.superlink}; flwr stop <run id> {cfg.superlink})", file=sys.stderr)
+        print(stopped_following(cfg.superlink, seen.get("run_id")), file=sys.stderr)
         raise SystemExit(128 + signal.SIGINT) from None
     return run_outcome(run_dir, overrides, "if the SuperLink stopped, start it again with the "
                        "same --database: the nodes reconnect")
+
+
+def stopped_following(superlink: str, run_id: str | None) -> str:
+    """What Ctrl-C during a deployed run says: the run goes on in the federation, and how to
+    stop it (its id, when Flower had said it)."""
+    if run_id is None:
+        return (f"driftfl: stopped following the run; it may go on in the federation: find it "
+                f"with `flwr ls {superlink}`, stop it with `flwr stop <run id> {superlink}`")
+    return (f"driftfl: stopped following run {run_id}; it goes on in the federation. Stop it "
+            f"with: flwr stop {run_id} {superlink}")
 
 
 def not_completed(run_dir: Path, overrides: list[str], advice: str) -> str:

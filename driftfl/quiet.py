@@ -36,6 +36,7 @@ NOISE = re.compile("|".join([
 ]))
 
 
+STARTED_RUN = re.compile(r"^Successfully started run (\d+)")
 # Ray's prefix before a line a worker printed: the actor or task, its pid, another host's ip
 WORKER_PREFIX = re.compile(r"^(?:\x1b\[[0-9;]*m)?\((?:[\w.]+ )?pid=\d+(?:, ip=[\w.:-]+)?\)"
                            r"(?:\x1b\[[0-9;]*m)? ")
@@ -84,7 +85,8 @@ def is_noise(line: str) -> bool:
     return bool(NOISE.search(ANSI.sub("", line)))
 
 
-def relay(lines: Iterable[str], verbose: bool, out=None, last: str | None = None) -> bool:
+def relay(lines: Iterable[str], verbose: bool, out=None, last: str | None = None,
+          seen: dict | None = None) -> bool:
     """Print ``lines`` as they come, Flower's and Ray's noise left out unless ``verbose``;
     return True after the first line that starts with ``last``, when given (False: the lines
     ended without it)."""
@@ -92,6 +94,8 @@ def relay(lines: Iterable[str], verbose: bool, out=None, last: str | None = None
     crashes, left_out = Crashes(), False
     live = LiveLine(out)
     for line in lines:
+        if seen is not None and (started := STARTED_RUN.search(ANSI.sub("", line))):
+            seen["run_id"] = started.group(1)  # what `flwr stop` needs, should the user stop
         shown = line if verbose else crashes.line(line)
         # (a blank line after one left out belongs to it)
         if shown is None and not is_noise(line) and not (left_out and not line.strip()):

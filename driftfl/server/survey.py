@@ -134,8 +134,12 @@ def owner_problem(summary: dict, owner: Owner | None) -> str | None:
         return (f"claims {claim}, but its node id has no entry in the owners file (a key "
                 "registered without `driftfl secure register`?)")
     if summary["partition_id"] != owner.partition:
-        return f"claims {claim}; the owners file gives its key {owner.key} " \
-               f"{partition_name(owner.partition)}"
+        held = "own" if summary["partition_id"] == OWN_DATA else summary["partition_id"]
+        return (f"claims {claim}; the owners file gives its key {owner.key} "
+                f"{partition_name(owner.partition)}: if the node holds that, register its key "
+                f"again with `driftfl secure register --partition {owner.key}={held}`"
+                + (" (a node reading files of its own, as `driftfl split` writes them)"
+                   if held == "own" else ""))
     if owner.num_examples is not None and summary["num_examples"] > owner.num_examples:
         return (f"claims {summary['num_examples']} examples; the owners file declares "
                 f"{owner.num_examples} for its key {owner.key}")

@@ -319,3 +319,14 @@ def test_register_says_what_is_wrong_in_one_line_before_calling_flower(tmp_path)
                              "node-1.key.pub=0"),
                     "node-1.key.pub would hold partition 0, which node-0.key.pub holds")
     assert not owners.exists()
+
+
+def test_an_own_data_node_registered_for_a_partition_is_told_the_fix(caplog):
+    """A node reading files of its own (driftfl split) whose key was registered for a partition
+    is refused with the command that registers it for its own data."""
+    replies = [summary_reply(11, 0, 5, [2, 3, 0]), summary_reply(13, -1, 5, [2, 3, 0])]
+    with caplog.at_level(logging.WARNING, logger="flwr"):
+        assert admitted(survey(replies, OWNERS)) == [(11, 0)]
+    assert ("node 13 refused: claims its own data; the owners file gives its key node-2.key.pub "
+            "partition 2: if the node holds that, register its key again with `driftfl secure "
+            "register --partition node-2.key.pub=own`") in caplog.text

@@ -130,3 +130,19 @@ def test_a_crashed_ray_process_is_one_line_unless_verbose():
         "driftfl: a Ray process crashed ([mutex.cc : 1417] RAW: Check r == 0 failed: Mutex "
         "corrupt: both reader and writer lock held: 0x55d7); verbose=true shows its report\n"
         + "".join(DRIFTFL))
+
+
+def test_a_deployed_runs_id_is_kept_for_the_line_that_says_how_to_stop_it():
+    import io
+
+    from driftfl.launch import stopped_following
+    from driftfl.quiet import relay
+
+    seen = {}
+    relay(["Using SuperLink: lab (10.0.0.2:9093)\n",
+           "\x1b[92mSuccessfully started run 4242424242\x1b[0m\n", "round 1/3 ...\n"],
+          False, io.StringIO(), seen=seen)
+    assert seen == {"run_id": "4242424242"}
+    assert stopped_following("lab", "4242424242").endswith(
+        "Stop it with: flwr stop 4242424242 lab")
+    assert "flwr ls lab" in stopped_following("lab", None)
