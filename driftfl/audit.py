@@ -30,7 +30,7 @@ from driftfl.common.untrusted import (UnsafeFile, npz_arrays, read_bytes, read_t
 # before a file made by someone else could exhaust it
 MAX_SHIPPED_IMAGES = 10_000
 MAX_SHIPPED_BYTES = 64 * 2**20
-USAGE = "usage: driftfl audit RUN_DIR [--data DIR] [--threshold T]"
+USAGE = "driftfl audit RUN_DIR [--data DIR] [--threshold T]"
 SPLIT_HINT = "pass --data DIR with the client-<k>.npz files `driftfl split` wrote"
 
 
@@ -252,7 +252,7 @@ def main(args: list[str]) -> None:
                         help=f"Pearson correlation that counts as a copy (default {THRESHOLD})")
 
     def refuse(message: str):
-        raise ConfigError(f"{message} ({USAGE})")
+        raise ConfigError(f"{message} (usage: {USAGE})")
 
     parser.error = refuse
     try:

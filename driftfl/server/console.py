@@ -151,7 +151,18 @@ def summary_line(summary: dict, run_dir) -> str:
     return incomplete + (f"driftfl: {timing(summary, rounds)}; final test "
             f"accuracy {100 * summary['final_accuracy']:.2f}% (best "
             f"{100 * summary['best_accuracy']:.2f}% at round {summary['best_round']})\n"
-            f"{RESULTS}{run_dir} (metrics.csv, metrics.json, accuracy.png, model.pt)")
+            f"{RESULTS}{run_dir} ({', '.join(shown_files(run_dir))})")
+
+
+# what the closing line points to, where the run wrote it
+SHOWN = ("metrics.csv", "accuracy.png", "per_class.png", "partition.png", "clients.png",
+         "model.pt")
+
+
+def shown_files(run_dir) -> list[str]:
+    from pathlib import Path
+
+    return [name for name in SHOWN if (Path(run_dir) / name).is_file()]
 
 
 def timing(summary: dict, rounds: int) -> str:
