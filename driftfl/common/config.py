@@ -17,7 +17,7 @@ from typing import Any
 from pydantic import Field, SerializeAsAny
 
 from .composing import composed
-from .datasets import DatasetSettings, dataset_settings
+from .dataset_settings import dataset_settings
 from .experiment_settings import (  # noqa: F401  (where they were declared before)
     MONTH, ExperimentSettings, Section, SimulationSettings)
 from .models import ModelSettings, model_settings
@@ -26,12 +26,10 @@ from .settings import Settings, validated
 
 
 class ExperimentConfig(ExperimentSettings):
-    """One experiment, its dataset and model sections checked against the schema each one's
-    name selects (their modules import torch); every other setting is declared, with its
-    meaning, in ExperimentSettings (experiment_settings.py)."""
+    """One experiment, its model section checked against the schema its name selects (a
+    user's model's module imports torch); every other setting is declared, with its meaning,
+    in ExperimentSettings (experiment_settings.py)."""
 
-    dataset: SerializeAsAny[DatasetSettings] = Field(
-        description=ExperimentSettings.model_fields["dataset"].description)
     model: SerializeAsAny[ModelSettings] = Field(
         description=ExperimentSettings.model_fields["model"].description)
 

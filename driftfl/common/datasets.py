@@ -11,46 +11,20 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Literal
 
 import numpy as np
 import torch
-from pydantic import Field
 
 from . import loaders
+from .dataset_settings import (  # noqa: F401  (declared there, torch-free; imported from here)
+    DATASET_SETTINGS, DatasetSettings, EmnistSettings, FolderSettings, OwnDataSettings,
+    dataset_settings)
 from .errors import ConfigError
 from .paths import data_dir
-from .settings import MANY, Settings, section
 
 FMNIST_SYSTEM_DIR = Path("/usr/share/datasets/fashion-mnist")
 FMNIST_CLASSES = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
                   "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot"]
-
-
-class DatasetSettings(Settings):
-    """The ``dataset`` section every dataset takes."""
-
-    name: str
-    root: str | None = None  # None: the dataset's default place
-    download: bool = False  # fetch with torchvision when missing (needs internet)
-    subset: int | None = Field(None, ge=1, le=MANY)  # only the first N training samples
-    test_subset: int | None = Field(None, ge=1, le=MANY)  # only the first N test samples
-
-
-class EmnistSettings(DatasetSettings):
-    split: Literal["balanced", "byclass", "bymerge", "digits", "letters", "mnist"] = "balanced"
-
-
-class OwnDataSettings(DatasetSettings):
-    """A user's own data (a folder of images or an .npz file): ``root`` names it."""
-
-    root: str
-    test_fraction: float = Field(0.2, gt=0, lt=1)  # held out for testing without a test split
-
-
-class FolderSettings(OwnDataSettings):
-    image_size: int = Field(32, ge=1, le=4096)  # images are resized to image_size x image_size
-    channels: Literal[1, 3] = 3
 
 
 @dataclass(frozen=True)
@@ -233,18 +207,13 @@ def load_npz(spec):
     return xtr, ytr, xte, yte, [str(c) for c in range(int(max(ytr.max(), yte.max())) + 1)]
 
 
-# name -> (its settings, its loader)
-DATASETS: dict[str, tuple[type[DatasetSettings], Callable]] = {
-    "fmnist": (DatasetSettings, load_fmnist), "mnist": (DatasetSettings, load_mnist),
-    "emnist": (EmnistSettings, load_emnist), "cifar10": (DatasetSettings, load_cifar10),
-    "cifar100": (DatasetSettings, load_cifar100), "svhn": (DatasetSettings, load_svhn),
-    "folder": (FolderSettings, load_folder), "npz": (OwnDataSettings, load_npz),
+# name -> its loader; DATASETS: name -> (its settings, its loader)
+LOADERS: dict[str, Callable] = {
+    "fmnist": load_fmnist, "mnist": load_mnist, "emnist": load_emnist, "cifar10": load_cifar10,
+    "cifar100": load_cifar100, "svhn": load_svhn, "folder": load_folder, "npz": load_npz,
 }
-
-
-def dataset_settings(spec: Mapping | DatasetSettings) -> DatasetSettings:
-    """A ``dataset`` section, checked against its dataset's settings."""
-    return section("dataset", spec, {name: entry[0] for name, entry in DATASETS.items()})
+DATASETS: dict[str, tuple[type[DatasetSettings], Callable]] = {
+    name: (settings, LOADERS[name]) for name, settings in DATASET_SETTINGS.items()}
 
 
 def load_dataset(spec: Mapping | DatasetSettings) -> ImageData:

@@ -1,15 +1,15 @@
 """An experiment's own settings, importable without torch or Flower.
 
 ExperimentSettings declares every top-level setting of an experiment (type, default, range,
-meaning) and checks all of them but the sections whose schema a registry holds: ``dataset`` and
-``model`` (their modules import torch) and the server's ``strategy``, ``aggregation`` and
-``selection`` are open sections here (``partition`` is checked: its module needs numpy
-only). ``driftfl run`` checks a composed experiment against it first, so a bad value
-(``rounds=-1``, ``lr=abc``) is refused in well under a second;
-ExperimentConfig (config.py) extends it with the full sections, and `driftfl run --help` renders
-its fields (driftfl/help.py).
+meaning) and checks all of them but the sections whose schema a registry holds: ``model`` (a
+user's own model declares its settings beside its builder, which imports torch) and the
+server's ``strategy``, ``aggregation`` and ``selection`` are open sections here; ``dataset``
+and ``partition`` are checked (their schemas' modules need no torch), and so is a built-in
+model's section (model_settings.py). ``driftfl run`` checks a composed experiment against it
+first, so a bad value (``rounds=-1``, ``lr=abc``, ``dataset.subset=-5``) is refused in well
+under a second; ExperimentConfig (config.py) extends it with the full sections, and
+`driftfl run --help` renders its fields (driftfl/help.py).
 """
-
 from __future__ import annotations
 
 import re
@@ -19,10 +19,12 @@ from typing import Any, Literal
 from pydantic import ConfigDict, Field, SerializeAsAny, field_validator
 
 from .conditions import HeterogeneitySettings
+from .dataset_settings import DatasetSettings, dataset_settings
+from .model_settings import BUILT_IN_MODELS
 from .owners import MAX_EXAMPLES_RATIO
 from .partition import PartitionSettings, partition_settings
 from .privacy import PrivacySettings, SecAggSettings
-from .settings import MANY, Settings, validated
+from .settings import MANY, Settings, section, validated
 
 
 class Section(Settings):
@@ -71,7 +73,7 @@ class ExperimentSettings(Settings):
         "how the clients' models become the next global model (config group aggregation)"))
     selection: SerializeAsAny[Section] = Field(description=(
         "which clients train each round (config group selection)"))
-    dataset: SerializeAsAny[Section] = Field(description=(
+    dataset: SerializeAsAny[DatasetSettings] = Field(description=(
         "the images, a built-in or your own (config group dataset; docs/own-data.md)"))
     partition: SerializeAsAny[PartitionSettings] = Field(description=(
         "how the training set is split among the clients (config group partition)"))
@@ -172,14 +174,20 @@ class ExperimentSettings(Settings):
 
 def settings_problem(data: Mapping[str, Any]) -> str | None:
     """The first problem among a composed experiment's settings that need neither torch nor
-    Flower to check (all but the dataset, model and server sections), in one line; None when
-    there is none. The same declarations check them again in the full check."""
+    Flower to check (all but a user's model and the server sections), in one line; None when
+    there is none. The same declarations check them again in the full check, in the same order
+    (config.experiment_config: dataset, partition, model, then the rest)."""
     from .errors import ConfigError
 
     data = dict(data)
     try:
+        if isinstance(data.get("dataset"), Mapping):
+            data["dataset"] = dataset_settings(data["dataset"])
         if isinstance(data.get("partition"), Mapping):
             data["partition"] = partition_settings(data["partition"])
+        model = data.get("model")
+        if isinstance(model, Mapping) and model.get("name") in BUILT_IN_MODELS:
+            section("model", model, BUILT_IN_MODELS)  # a user's model: the full check's
         validated(ExperimentSettings, data)
     except ConfigError as err:
         return str(err)

@@ -14,27 +14,18 @@ import pkgutil
 import re
 from collections.abc import Callable, Mapping
 from functools import cache
-from typing import Annotated
 
 import torch
-from pydantic import Field
 from torch import nn
 
 from .composing import installation
 from .errors import ConfigError
-from .settings import MANY, Settings, section
+from .model_settings import (  # noqa: F401  (declared there, torch-free; imported from here)
+    BUILT_IN_MODELS, MlpSettings, ModelSettings)
+from .settings import section
 
 # the package whose every module is imported before a model is looked up: users' own models
 USER_MODELS = "driftfl.models"
-
-
-class ModelSettings(Settings):
-    """The ``model`` section; most models take nothing more than their name."""
-
-    name: str
-    # MOON's projection head, for any model: 0 none; n > 0: Linear(d, d) - ReLU - Linear(d, n)
-    # after the features, so that ``features`` returns the projection and the head classifies it
-    projection: int = Field(0, ge=0, le=MANY)
 
 
 class DriftModel(nn.Module):
@@ -123,10 +114,6 @@ def with_projection(model: DriftModel, out_dim: int) -> DriftModel:
 def _flat_dim(body: nn.Module, shape) -> int:
     with torch.no_grad():
         return int(body(torch.zeros(1, *shape)).shape[1])
-
-
-class MlpSettings(ModelSettings):
-    hidden: list[Annotated[int, Field(ge=1, le=MANY)]] = [200, 200]  # widths of the hidden layers
 
 
 @register_model("mlp", settings=MlpSettings)
