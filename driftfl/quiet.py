@@ -36,6 +36,11 @@ NOISE = re.compile("|".join([
 ]))
 
 
+# Flower's report of an exception that ended the simulation or the ServerApp
+RAISED = re.compile(r"^\w+\s*:\s+(Simulation|ServerApp) raised an exception")
+TRACEBACK_TALK = re.compile(r"^(During handling of the above exception|The above exception was)")
+EXCEPTION = re.compile(r"^[\w.]+(Error|Exception|Exit|Interrupt|Timeout)\b")
+RAY_START = re.compile(r"ray|gcs|raylet|timed? ?out", re.IGNORECASE)
 STARTED_RUN = re.compile(r"^Successfully started run (\d+)")
 # Ray's prefix before a line a worker printed: the actor or task, its pid, another host's ip
 WORKER_PREFIX = re.compile(r"^(?:\x1b\[[0-9;]*m)?\((?:[\w.]+ )?pid=\d+(?:, ip=[\w.:-]+)?\)"
@@ -91,11 +96,19 @@ def relay(lines: Iterable[str], verbose: bool, out=None, last: str | None = None
     return True after the first line that starts with ``last``, when given (False: the lines
     ended without it)."""
     out = out or sys.stdout
-    crashes, left_out = Crashes(), False
+    crashes, failures, left_out = Crashes(), Failures(), False
     live = LiveLine(out)
     for line in lines:
         if seen is not None and (started := STARTED_RUN.search(ANSI.sub("", line))):
             seen["run_id"] = started.group(1)  # what `flwr stop` needs, should the user stop
+        if not verbose:
+            folded = failures.line(line)
+            if folded is not None:  # inside Flower's traceback: at most its one line
+                if folded:
+                    live.write(folded)
+                continue
+            if pending := failures.close():
+                live.write(pending)
         shown = line if verbose else crashes.line(line)
         # (a blank line after one left out belongs to it)
         if shown is None and not is_noise(line) and not (left_out and not line.strip()):
@@ -105,7 +118,44 @@ def relay(lines: Iterable[str], verbose: bool, out=None, last: str | None = None
         left_out = not shown
         if last and ANSI.sub("", line).startswith(last):
             return True
+    if pending := failures.close():
+        live.write(pending)
     return False
+
+
+class Failures:
+    """Flower's report of a simulation or ServerApp that raised (about 110 lines when Ray could
+    not start on a loaded machine) as one line: what was raised, with advice where it helps;
+    verbose=true shows the traceback."""
+
+    def __init__(self) -> None:
+        self.block: list[str] | None = None  # the traceback's lines so far
+
+    def line(self, line: str) -> str | None:
+        """None: not part of a report (print it as usual); "": taken into the report."""
+        text = ANSI.sub("", line).rstrip("\n")
+        if RAISED.search(text):
+            self.block = []
+            return ""
+        if self.block is None:
+            return None
+        if not text.strip() or text.startswith((" ", "\t", "Traceback")) or \
+                TRACEBACK_TALK.match(text) or EXCEPTION.match(text):
+            self.block.append(text)
+            return ""
+        return None  # the report ended; the caller closes it
+
+    def close(self) -> str:
+        """The one line for the report that ended ("" when none was open)."""
+        if self.block is None:
+            return ""
+        raised = [t for t in self.block if EXCEPTION.match(t)]
+        self.block = None
+        cause = raised[-1].strip() if raised else "Flower named no exception"
+        advice = ("; the machine may be too busy for Ray to start: try again, or with fewer "
+                  "runs at once" if RAY_START.search(cause) else "")
+        return f"driftfl: the simulation failed: {cause[:300]}{advice} (verbose=true shows " \
+               "Flower's traceback)\n"
 
 
 class LiveLine:

@@ -146,3 +146,33 @@ def test_a_deployed_runs_id_is_kept_for_the_line_that_says_how_to_stop_it():
     assert stopped_following("lab", "4242424242").endswith(
         "Stop it with: flwr stop 4242424242 lab")
     assert "flwr ls lab" in stopped_following("lab", None)
+
+
+def test_flowers_traceback_of_a_failed_simulation_is_one_line_with_its_cause():
+    """Ray that cannot start on a loaded machine made Flower print ~110 lines of traceback;
+    the console gets the last exception raised, with advice, and what follows as usual."""
+    import io
+
+    from driftfl.quiet import relay
+
+    report = ["\x1b[91mERROR \x1b[0m:   Simulation raised an exception\n",
+              "Traceback (most recent call last):\n", '  File "a.py", line 3, in f\n',
+              "    ray.init()\n", "TimeoutError: Timed out waiting for the GCS\n", "\n",
+              "The above exception was the direct cause of the following exception:\n", "\n",
+              "Traceback (most recent call last):\n", '  File "b.py", line 9, in g\n',
+              "RuntimeError: Failed to connect to GCS at 127.0.0.1:6379\n"]
+    out = io.StringIO()
+    relay(["driftfl: submitting the run\n", *report, "driftfl: the run did not complete\n"],
+          False, out)
+    assert out.getvalue().splitlines() == [
+        "driftfl: submitting the run",
+        "driftfl: the simulation failed: RuntimeError: Failed to connect to GCS at "
+        "127.0.0.1:6379; the machine may be too busy for Ray to start: try again, or with "
+        "fewer runs at once (verbose=true shows Flower's traceback)",
+        "driftfl: the run did not complete"]
+    shown = io.StringIO()
+    relay(report, True, shown)  # verbose: all of it
+    assert shown.getvalue() == "".join(report)
+    ended = io.StringIO()
+    relay(report[:5], False, ended)  # the stream ends inside the report: its line still comes
+    assert ended.getvalue().startswith("driftfl: the simulation failed: TimeoutError: ")
