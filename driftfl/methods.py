@@ -15,7 +15,7 @@ from __future__ import annotations
 from functools import cache
 from typing import Any
 
-from pydantic import create_model
+from pydantic import Field, create_model
 
 import driftfl.dcfl.strategy  # noqa: F401  (DCFL registers itself)
 import driftfl.strategies.methods  # noqa: F401  (every method's module, each registering itself)
@@ -33,7 +33,9 @@ __all__ = ["METHODS", "Method", "build_strategy", "check_experiment", "method_sc
 
 
 class MethodHeader(Named):
-    objective: str
+    objective: str = Field(description=(
+        "the clients' local objective (ce: plain cross-entropy); the method's own by default, "
+        "and some methods take no other"))
 
 
 @cache

@@ -40,12 +40,20 @@ OWN_FIELDS = {"none": set(), "epochs": {"min_epochs", "max_epochs", "per_round"}
 
 class HeterogeneitySettings(Settings):
     name: Literal["none", "epochs", "stragglers", "dropout"] = "none"
-    min_epochs: int = Field(1, ge=1, le=MANY)  # epochs: the range E is drawn from
-    max_epochs: int = Field(5, ge=1, le=MANY)
-    per_round: bool = True  # epochs: drawn per client and round; false: once per client
-    share: float = Field(0.2, ge=0, lt=1)  # stragglers, dropout: of the round's selected clients
-    step_budget: float = Field(0.5, gt=0, le=1)  # stragglers: of the steps their epochs take
-    stragglers: Literal["partial", "drop"] = "partial"  # send the partial work, or be dropped
+    min_epochs: int = Field(1, ge=1, le=MANY, description=(
+        "epochs: the fewest local epochs a selected client's E is drawn from"))
+    max_epochs: int = Field(5, ge=1, le=MANY, description=(
+        "epochs: the most local epochs a selected client's E is drawn from"))
+    per_round: bool = Field(True, description=(
+        "epochs: E drawn per client and round; false: once per client"))
+    share: float = Field(0.2, ge=0, lt=1, description=(
+        "stragglers, dropout: the share of the round's selected clients that straggle or send "
+        "nothing"))
+    step_budget: float = Field(0.5, gt=0, le=1, description=(
+        "stragglers: the share of the steps their epochs take that they may take (at least "
+        "one)"))
+    stragglers: Literal["partial", "drop"] = Field("partial", description=(
+        "stragglers: send the partial work (partial), or be dropped by the server (drop)"))
 
     @model_validator(mode="after")
     def _coherent(self):

@@ -31,21 +31,29 @@ class PartitionSettings(Settings):
 
 
 class DirichletSettings(PartitionSettings):
-    alpha: float = Field(0.5, gt=0)  # smaller is more skewed
-    min_size: int = Field(10, ge=0, le=MANY)  # redraw until every client holds this many samples
-    self_balancing: bool = False  # flwr-datasets' balancing of partition sizes
+    alpha: float = Field(0.5, gt=0, description=(
+        "each class is split over the clients by proportions drawn from Dir(alpha): smaller is "
+        "more skewed (the papers use 0.01 .. 5)"))
+    min_size: int = Field(10, ge=0, le=MANY, description=(
+        "redraw until every client holds at least this many samples"))
+    self_balancing: bool = Field(False, description=(
+        "flwr-datasets' balancing of partition sizes"))
 
 
 class PathologicalSettings(PartitionSettings):
-    classes_per_client: int = 2  # 1..number of classes, checked against the dataset
-    # covering (default): every label held whenever clients x classes_per_client >= classes
-    # (covering_assignment); the others are flwr-datasets' modes, random may drop labels
-    assignment: Literal["covering", "random", "deterministic", "first-deterministic"] = (
-        "covering")
+    classes_per_client: int = Field(2, description=(
+        "the labels each client holds (#C=k): 1 .. the number of classes, checked against the "
+        "dataset"))
+    assignment: Literal["covering", "random", "deterministic", "first-deterministic"] = Field(
+        "covering", description=(
+            "covering: every label held whenever clients x classes_per_client >= classes; "
+            "random, deterministic, first-deterministic: flwr-datasets' modes (random may drop "
+            "labels)"))
 
 
 class ShardsSettings(PartitionSettings):
-    shards_per_client: int = Field(2, ge=1, le=MANY)
+    shards_per_client: int = Field(2, ge=1, le=MANY, description=(
+        "label-sorted shards each client gets (FedAvg's sort-and-shard split)"))
 
 
 PARTITIONS: dict[str, type[PartitionSettings]] = {

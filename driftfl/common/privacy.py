@@ -38,28 +38,35 @@ ADAPTIVE = frozenset({"adaptive_clip", "target_quantile", "clip_lr", "count_nois
 
 class PrivacySettings(Settings):
     name: Literal["none", "central", "distributed"] = "none"
-    clip: float = Field(1.0, gt=0)  # C: the L2 norm every client's update is clipped to
-    noise_multiplier: float = Field(1.0, ge=0, le=MANY)  # sigma: the sum's noise is sigma C
-    delta: float = Field(1e-5, gt=0, lt=1)  # the delta epsilon is reported at
-    # stop the run, with one line, before a round would take epsilon past this; None: no budget
-    target_epsilon: float | None = Field(None, gt=0)
-    # C_p: the L2 norm each client's method payload is clipped to, where the method sends one
-    # (SCAFFOLD's control delta, FedCurv's Fisher terms, FedProto's and FedCSD's class
-    # prototypes); None: the method's own default (its strategy's ``payload_clip``), filled in
-    # when checked
-    payload_clip: float | None = Field(None, gt=0)
-    # distributed: the fewest clients whose noise shares make sigma (an int counts them, a
-    # float in (0, 1] is that share of the clients a round selects); a round with fewer
-    # releases nothing
-    min_survivors: int | float = 0.8
-    # central: adaptive clipping (Andrew et al., 2021): C starts at ``clip`` and follows the
-    # ``target_quantile`` of the update norms, C <- C exp(-clip_lr (b - target_quantile)), b the
-    # noised share of updates not clipped; the count's noise std is ``count_noise`` (None: the
-    # expected clients per round / 20, as Flower's), taken out of sigma's budget
-    adaptive_clip: bool = False
-    target_quantile: float = Field(0.5, ge=0, le=1)
-    clip_lr: float = Field(0.2, gt=0)
-    count_noise: float | None = Field(None, gt=0)
+    clip: float = Field(1.0, gt=0, description=(
+        "C: the L2 norm every client's model update is clipped to"))
+    noise_multiplier: float = Field(1.0, ge=0, le=MANY, description=(
+        "sigma: the sum of the clipped updates carries Gaussian noise of standard deviation "
+        "sigma C"))
+    delta: float = Field(1e-5, gt=0, lt=1, description="the delta epsilon is reported at")
+    target_epsilon: float | None = Field(None, gt=0, description=(
+        "stop the run, with one line, before a round would take epsilon past this; null: no "
+        "budget"))
+    payload_clip: float | None = Field(None, gt=0, description=(
+        "C_p: the L2 norm each client's method payload is clipped to, where the method sends "
+        "one (SCAFFOLD's control delta, FedCurv's Fisher terms, FedProto's and FedCSD's class "
+        "prototypes), its sum noised by sigma C_p; null: the method's own default (SCAFFOLD "
+        "0.3, FedCurv 1, FedProto 10, FedCSD 5)"))
+    min_survivors: int | float = Field(0.8, description=(
+        "distributed: the fewest clients whose noise shares make sigma, a count or a share in "
+        "(0, 1] of the clients a round selects (0.8: 8 of 10); a round with fewer releases "
+        "nothing"))
+    adaptive_clip: bool = Field(False, description=(
+        "central: adaptive clipping (Andrew et al., 2021): C starts at clip and follows the "
+        "target_quantile of the update norms, C <- C exp(-clip_lr (b - target_quantile)), b the "
+        "noised share of updates not clipped"))
+    target_quantile: float = Field(0.5, ge=0, le=1, description=(
+        "adaptive_clip: the quantile of the update norms the clip follows"))
+    clip_lr: float = Field(0.2, gt=0, description=(
+        "adaptive_clip: how far the clip moves each round (the geometric update's rate)"))
+    count_noise: float | None = Field(None, gt=0, description=(
+        "adaptive_clip: the noise std of the count of unclipped updates, taken out of sigma's "
+        "budget; null: the expected clients per round / 20, as Flower's"))
 
     @model_validator(mode="after")
     def _coherent(self):
@@ -113,22 +120,26 @@ class SecAggSettings(Settings):
     refused here, as one line, before anything runs. driftfl.server.secure runs it."""
 
     name: Literal["none", "secaggplus"] = "none"
-    # each client shares its secrets with num_shares - 1 neighbours: an odd int counts them, a
-    # float in (0, 1] is that share of the round's clients (as Flower reads it)
-    num_shares: int | float = 3
-    # shares needed to rebuild a client's masks: an int counts them (less than num_shares), a
-    # float in (0, 1] is that share of num_shares (at least 2); a client's neighbourhood may
-    # lose all but this many
-    reconstruction_threshold: int | float = 2
-    # each coordinate of a weighted update is clipped to +- this; auto: what an honest one can
-    # reach, the round's update bound (distributed DP: the clip plus the noise share's reach)
-    clipping_range: Literal["auto"] | float = "auto"
-    quantization_range: int = Field(4_194_304, gt=0)  # ... and quantised to this many levels
-    modulus_range: int = Field(4_294_967_296, gt=0, le=2**32)  # the masks' modulus: 2**n
-    # the largest weight (example count) a client may carry, checked after the data survey; a
-    # round scales weights by the largest count among its clients, at most this (Flower's
-    # default 1000 is below one Fashion-MNIST client's share)
-    max_weight: float = Field(100_000.0, gt=0)
+    num_shares: int | float = Field(3, description=(
+        "each client shares its secrets with num_shares - 1 neighbours: an odd count > 2, or a "
+        "float in (0, 1]: that share of the round's clients (as Flower reads it)"))
+    reconstruction_threshold: int | float = Field(2, description=(
+        "shares needed to rebuild a client's masks: a count below num_shares, or a float in "
+        "(0, 1]: that share of num_shares (at least 2); higher: more clients must collude to "
+        "unmask one, lower: more may drop out (a client's neighbourhood may lose all but this "
+        "many)"))
+    clipping_range: Literal["auto"] | float = Field("auto", description=(
+        "each coordinate of a client's weighted update is clipped to +- this before "
+        "quantisation; auto: each round, what an honest one can reach, the round's update "
+        "bound (distributed DP: the clip plus the noise share's reach)"))
+    quantization_range: int = Field(4_194_304, gt=0, description=(
+        "... and quantised to this many integer levels"))
+    modulus_range: int = Field(4_294_967_296, gt=0, le=2**32, description=(
+        "the masks' modulus: a power of 2 above quantization_range, at most 2**32"))
+    max_weight: float = Field(100_000.0, gt=0, description=(
+        "the largest weight (example count) a client may carry, checked after the data "
+        "survey; a round scales weights by the largest count among its clients, at most this "
+        "(Flower's default 1000 is below one Fashion-MNIST client's share)"))
 
     @field_validator("clipping_range", mode="before")
     @classmethod

@@ -11,7 +11,9 @@ from driftfl.strategies.parts.selection import EXPLORED_CLIENTS, Selection
 
 
 class CKASettings(Settings):
-    epsilon: float = Field(0.5, ge=0, le=1)  # share of the round's clients exploited
+    epsilon: float = Field(0.5, ge=0, le=1, description=(
+        "share of the round's clients exploited (drawn by their CKA similarity); the rest are "
+        "explored at random"))
 
 
 class CKASelection(Selection):

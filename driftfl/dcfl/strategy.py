@@ -55,19 +55,26 @@ from driftfl.strategies.parts.selection import EXPLORED_CLIENTS, ExploredClients
 
 
 class DCFLSettings(StrategySettings, CondensationSettings):
-    pretrain_fraction: float = Field(0.25, gt=0, le=1)  # C_pre
-    pretrain_requests: int = Field(2, ge=0, le=MANY)  # M (0: no pre-training stage)
-    pretrain_epochs: int = Field(10, ge=0, le=MANY)  # the server's epochs on all condensed images
-    pretrain_lr: float = Field(0.01, gt=0)  # and their learning rate
-    filter_ratio: float = Field(0.2, ge=0, lt=1)  # r: share of a group's images dropped
-    # the complementary group's size; null: clients per round - 1
-    group_size: int | None = Field(None, ge=0, le=MANY)
-    # Algorithm 2 line 13's reading: the client's own condensed set joins the received images
-    # (the server sends it back; it is the client's own data)
-    finetune_own_set: bool = False
-    # what the CKA compares: the client's classifier update W_k - W_sent, or (driftfl's
-    # earlier reading) the weights W_k, whose common starting point pulls every CKA towards 1
-    cka_of: Literal["update", "weights"] = "update"
+    pretrain_fraction: float = Field(0.25, gt=0, le=1, description=(
+        "C_pre: each pre-training request asks max(C_pre * num_clients, 1) clients at random "
+        "to condense and train"))
+    pretrain_requests: int = Field(2, ge=0, le=MANY, description=(
+        "M: the pre-training stage's requests before round 1 (0: no pre-training stage)"))
+    pretrain_epochs: int = Field(10, ge=0, le=MANY, description=(
+        "the server's epochs on all condensed images"))
+    pretrain_lr: float = Field(0.01, gt=0, description=(
+        "the learning rate of the server's pre-training epochs"))
+    filter_ratio: float = Field(0.2, ge=0, lt=1, description=(
+        "r: the share of a group's images with the highest loss dropped"))
+    group_size: int | None = Field(None, ge=0, le=MANY, description=(
+        "the complementary group's size; null: clients per round - 1"))
+    finetune_own_set: bool = Field(False, description=(
+        "Algorithm 2 line 13's reading: the client's own condensed set joins the received "
+        "images (the server sends it back; it is the client's own data)"))
+    cka_of: Literal["update", "weights"] = Field("update", description=(
+        "what the CKA compares: the client's classifier update W_k - W_sent, or (driftfl's "
+        "earlier reading) the weights W_k, whose common starting point pulls every CKA "
+        "towards 1"))
 
 
 @dataclass

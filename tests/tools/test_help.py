@@ -64,6 +64,44 @@ def test_the_help_of_a_chosen_option_lists_its_settings_from_its_schema():
     assert "  strategy.ipc: int in [1, 1000000] = 10  (here: 3)\n      condensed images" in text
 
 
+def described_models():
+    """Every settings model `driftfl run --help` renders a section's keys from: each method's
+    strategy and objective halves, the aggregations', selections', datasets', partitions' and
+    built-in models' settings, and the nested sections of the experiment."""
+    from driftfl.client.objectives import OBJECTIVES
+    from driftfl.common.conditions import HeterogeneitySettings
+    from driftfl.common.dataset_settings import DATASET_SETTINGS
+    from driftfl.common.experiment_settings import SimulationSettings
+    from driftfl.common.model_settings import BUILT_IN_MODELS
+    from driftfl.common.partition import PARTITIONS
+    from driftfl.common.privacy import PrivacySettings, SecAggSettings
+    from driftfl.methods import METHODS, MethodHeader, method_schema
+    from driftfl.strategies import AGGREGATIONS, SELECTIONS
+
+    models = {"MethodHeader": MethodHeader, "privacy": PrivacySettings, "secagg": SecAggSettings,
+              "heterogeneity": HeterogeneitySettings, "simulation": SimulationSettings}
+    models |= {f"strategy={name}": method_schema(name, method.objective)
+               for name, method in METHODS.items()}
+    models |= {f"objective={name}": objective.Settings for name, objective in OBJECTIVES.items()}
+    models |= {f"aggregation={name}": part.Settings for name, part in AGGREGATIONS.items()}
+    models |= {f"selection={name}": part.Settings for name, part in SELECTIONS.items()}
+    models |= {f"dataset={name}": settings for name, settings in DATASET_SETTINGS.items()}
+    models |= {f"partition={name}": settings for name, settings in PARTITIONS.items()}
+    models |= {f"model={name}": settings for name, settings in BUILT_IN_MODELS.items()}
+    return models
+
+
+def test_every_setting_of_every_section_has_a_meaning():
+    """A section's ``name`` is its config group's option (the help lists the options); every
+    other key says what it means."""
+    models = described_models()
+    assert len([key for key in models if key.startswith("strategy=")]) >= 15
+    missing = [f"{where}: {key}" for where, model in models.items()
+               for key, field in model.model_fields.items()
+               if key != "name" and not (field.description or "").strip()]
+    assert missing == []
+
+
 def test_the_general_help_needs_neither_torch_nor_flower():
     probe = ("import sys; from driftfl.help import run_answer; "
              "run_answer(['--help'], lambda args: [], None); "

@@ -42,9 +42,14 @@ def cad_loss(logits, global_logits, labels, alpha: torch.Tensor, temperature: fl
 
 
 class CADSettings(Settings):
-    gamma_min: float = Field(0.25, ge=0, le=1)  # alpha_y's floor (the paper's beta)
-    gamma_max: float = Field(0.5, ge=0, le=1)  # alpha_y's ceiling (the paper's gamma)
-    temperature: float = Field(1.0, gt=0)
+    gamma_min: float = Field(0.25, ge=0, le=1, description=(
+        "alpha_y's floor (the paper's beta): the distillation weight of a class the global "
+        "model knows worst"))
+    gamma_max: float = Field(0.5, ge=0, le=1, description=(
+        "alpha_y's ceiling (the paper's gamma): the distillation weight of a class the global "
+        "model knows best; at least gamma_min"))
+    temperature: float = Field(1.0, gt=0, description=(
+        "T: the distillation temperature of softmax_T(z_g) and softmax_T(z)"))
 
     @field_validator("gamma_max")
     @classmethod

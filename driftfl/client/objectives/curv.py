@@ -66,7 +66,8 @@ def diagonal_fisher(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor,
 
 
 class CurvSettings(Settings):
-    lam: float = Field(1.0, ge=0)  # weight of the Fisher penalty (FedNTD's reference config)
+    lam: float = Field(1.0, ge=0, description=(
+        "weight of the Fisher penalty (FedNTD's reference config)"))
 
 
 class Curv(Objective):

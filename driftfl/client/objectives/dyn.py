@@ -40,7 +40,9 @@ def next_grad_prev(grad_prev: Tensors, w_local: Tensors, w_global: Tensors,
 
 
 class DynSettings(Settings):
-    alpha: float = Field(0.1, ge=0)  # weight of the quadratic term and of the state update
+    alpha: float = Field(0.1, ge=0, description=(
+        "weight of the quadratic term and of the state update (FedNTD's reference dyn_alpha); "
+        "0: FedAvg exactly"))
 
 
 class Dyn(Objective):

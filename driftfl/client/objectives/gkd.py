@@ -17,8 +17,9 @@ def gkd_term(logits, teacher_logits, tau: float):
 
 
 class GKDSettings(Settings):
-    gamma: float = Field(0.2, ge=0)  # the term's weight is gamma / 2
-    tau: float = Field(1.0, gt=0)  # temperature
+    gamma: float = Field(0.2, ge=0, description=(
+        "the distillation term's weight is gamma / 2 (the FedGKD paper's 0.2)"))
+    tau: float = Field(1.0, gt=0, description="distillation temperature")
 
 
 class GKD(Distillation):

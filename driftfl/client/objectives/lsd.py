@@ -22,8 +22,10 @@ def lsd_loss(logits, teacher_logits, labels, beta: float, temperature: float):
 
 
 class LSDSettings(Settings):
-    beta: float = Field(0.3, ge=0, le=1)  # weight of L_d; 1 - beta weighs CE
-    temperature: float = Field(1.0, gt=0)
+    beta: float = Field(0.3, ge=0, le=1, description=(
+        "weight of the distillation term L_d; 1 - beta weighs CE"))
+    temperature: float = Field(1.0, gt=0, description=(
+        "T: the distillation temperature of softmax_T(z_g) and softmax_T(z)"))
 
 
 class LSD(Distillation):

@@ -62,8 +62,9 @@ def previous_model(model: nn.Module, stored: dict[str, torch.Tensor] | None) -> 
 
 
 class MoonSettings(Settings):
-    mu: float = Field(1.0, ge=0)  # weight of L_con (MOON's paper: mu in {0.1, 1, 5, 10})
-    tau: float = Field(0.5, gt=0)  # temperature of the cosine similarities
+    mu: float = Field(1.0, ge=0, description=(
+        "weight of the contrastive term L_con (the MOON paper tunes it in {0.1, 1, 5, 10})"))
+    tau: float = Field(0.5, gt=0, description="temperature of the cosine similarities")
 
 
 class Moon(Objective):

@@ -25,8 +25,8 @@ def not_true_kl(logits, teacher_logits, labels, tau: float) -> torch.Tensor:
 
 
 class NTDSettings(Settings):
-    beta: float = Field(1.0, ge=0)  # weight of the not-true distillation term
-    tau: float = Field(1.0, gt=0)  # temperature
+    beta: float = Field(1.0, ge=0, description="weight of the not-true distillation term")
+    tau: float = Field(1.0, gt=0, description="distillation temperature")
 
 
 class NTD(Distillation):

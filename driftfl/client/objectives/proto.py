@@ -33,7 +33,8 @@ def proto_loss(features: torch.Tensor, labels: torch.Tensor, prototypes: torch.T
 
 
 class ProtoSettings(Settings):
-    mu: float = Field(1.0, ge=0)  # weight of L_p (FedProto's lambda)
+    mu: float = Field(1.0, ge=0, description=(
+        "weight of the prototype term L_p (FedProto's lambda)"))
 
 
 class Proto(Objective):

@@ -16,7 +16,8 @@ from .base import Batch, Objective
 
 
 class ProxSettings(Settings):
-    mu: float = Field(0.01, ge=0)  # weight of the proximal term
+    mu: float = Field(0.01, ge=0, description=(
+        "weight of the proximal term (the papers use 0.001 or 0.01)"))
 
 
 class Prox(Objective):

@@ -19,6 +19,7 @@ from typing import Literal
 import numpy as np
 import torch
 from flwr.app import Array, ArrayRecord
+from pydantic import Field
 from torch import nn
 
 from driftfl.client.state import keep, recall
@@ -59,8 +60,10 @@ def norm(tensors: Tensors) -> float:
 
 
 class ScaffoldSettings(Settings):
-    # a_k in c_k+: effective = FedNova's momentum-aware step count, steps = tau_k
-    divisor: Literal["effective", "steps"] = "effective"
+    divisor: Literal["effective", "steps"] = Field("effective", description=(
+        "a_k in c_k+ = c_k - c + (w_G - w_k) / (a_k lr): effective, FedNova's momentum-aware "
+        "step count (tau_k without momentum; FedNTD's code); steps, tau_k always (the paper's "
+        "formula)"))
 
 
 class Scaffold(Objective):

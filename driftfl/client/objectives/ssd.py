@@ -43,9 +43,12 @@ def ssd_loss(logits, global_logits, labels, credibility, lam: float, psi: str = 
 
 
 class SSDSettings(Settings):
-    lam: float | None = Field(None, ge=0)  # upper bound of every weight; None: 0.1 / |Y|
-    psi: Literal["sqrt", "identity"] = "sqrt"  # sample credibility psi(p_g,y)
-    distill_loss: Literal["selective", "mse", "kl"] = "selective"  # mse, kl: constant lam
+    lam: float | None = Field(None, ge=0, description=(
+        "upper bound of every distillation weight; null: 0.1 / the number of classes"))
+    psi: Literal["sqrt", "identity"] = Field("sqrt", description=(
+        "sample credibility psi(p_g,y): sqrt (1 - sqrt(1 - p)) or identity"))
+    distill_loss: Literal["selective", "mse", "kl"] = Field("selective", description=(
+        "selective (FedSSD); mse or kl: a constant weight lam (the ablation)"))
 
     def for_classes(self, num_classes: int) -> SSDSettings:
         return self if self.lam is not None else self.model_copy(update={"lam": 0.1 / num_classes})

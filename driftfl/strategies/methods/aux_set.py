@@ -19,7 +19,8 @@ from driftfl.strategies.settings import StrategySettings
 class AuxSetSettings(StrategySettings):
     """For strategies that keep an aux set: how many samples of each class it holds."""
 
-    aux_per_class: int = Field(64, ge=1, le=MANY)
+    aux_per_class: int = Field(64, ge=1, le=MANY, description=(
+        "the server's aux set: training samples of each class held back from every client"))
 
     def aux_set_per_class(self) -> int:
         return self.aux_per_class

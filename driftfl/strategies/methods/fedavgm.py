@@ -12,8 +12,8 @@ from driftfl.strategies.parts.aggregation import to_numpy, to_record
 
 
 class FedAvgMSettings(StrategySettings):
-    server_lr: float = Field(1.0, ge=0)  # eta_s
-    server_momentum: float = Field(0.9, ge=0, lt=1)  # beta
+    server_lr: float = Field(1.0, ge=0, description="eta_s: the server's learning rate")
+    server_momentum: float = Field(0.9, ge=0, lt=1, description="beta: the server's momentum")
 
 
 class FedAvgM(FlowerFirst, flwr_strategy.FedAvgM, DriftStrategy):

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Literal
 
 from flwr.app import Array, ArrayRecord
+from pydantic import Field
 
 from driftfl.common.protocol import CLASS_PHI
 
@@ -15,7 +16,9 @@ from driftfl.strategies.base import DriftStrategy
 
 
 class FedCADSettings(AuxSetSettings):
-    alpha_source: Literal["local", "aux"] = "local"  # where E_{x|y}[phi] is estimated
+    alpha_source: Literal["local", "aux"] = Field("local", description=(
+        "where E_{x|y}[phi] is estimated: local, on each client's data; aux, on the server's "
+        "aux set"))
 
     def aux_set_per_class(self) -> int:
         return self.aux_per_class if self.alpha_source == "aux" else 0

@@ -86,8 +86,10 @@ def global_prototypes(replies: list[tuple[np.ndarray, np.ndarray]],
 
 
 class FedCSDSettings(StrategySettings):
-    alpha: float = Field(0.9, ge=0, lt=1)  # teacher momentum (TMA)
-    tma: bool = True  # false: the teacher is the last global model (alpha = 0)
+    alpha: float = Field(0.9, ge=0, lt=1, description=(
+        "teacher momentum (TMA): teacher <- alpha teacher + (1 - alpha) global"))
+    tma: bool = Field(True, description=(
+        "false: the teacher is the last global model (alpha = 0)"))
 
 
 class FedCSD(EMATeacher):

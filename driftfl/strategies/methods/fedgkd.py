@@ -13,7 +13,8 @@ from driftfl.strategies.settings import StrategySettings
 
 
 class FedGKDSettings(StrategySettings):
-    buffer_size: int = Field(5, ge=1, le=MANY)  # M: the teacher averages the last M global models
+    buffer_size: int = Field(5, ge=1, le=MANY, description=(
+        "M: the teacher is the parameter average of the last M global models"))
 
 
 class FedGKD(TeacherStrategy):

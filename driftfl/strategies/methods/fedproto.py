@@ -28,6 +28,7 @@ from typing import Literal
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, Message
+from pydantic import Field
 
 from driftfl.common.protocol import FEATURE_PROTOTYPES
 
@@ -64,8 +65,9 @@ def weighted_prototypes(replies: list[tuple[np.ndarray, np.ndarray]], num_classe
 
 
 class FedProtoSettings(StrategySettings):
-    # weighted: by the holders' class counts (ALGORITHMS.md); plain: the authors' code
-    prototype_mean: Literal["weighted", "plain"] = "weighted"
+    prototype_mean: Literal["weighted", "plain"] = Field("weighted", description=(
+        "P_G,c: weighted by the holders' counts of c (docs/algorithms.md); plain: their plain "
+        "mean (the authors' code)"))
 
 
 class FedProto(DriftStrategy):

@@ -24,9 +24,10 @@ from driftfl.strategies.parts.aggregation import Aggregation, ClientUpdate, exam
 
 
 class FedDiscoSettings(Settings):
-    a: float = Field(0.5, ge=0)  # weight of the discrepancy d_k
-    b: float = Field(0.1)  # offset added before the ReLU
-    metric: Literal["l2", "kl"] = "l2"  # d_k: ||D_k - U||_2, or the authors' scripts' KL
+    a: float = Field(0.5, ge=0, description="weight of the discrepancy d_k")
+    b: float = Field(0.1, description="offset added before the ReLU")
+    metric: Literal["l2", "kl"] = Field("l2", description=(
+        "d_k: ||D_k - U||_2 (l2), or the authors' scripts' KL"))
 
 
 def discrepancy(histogram: np.ndarray, metric: str = "l2") -> float:

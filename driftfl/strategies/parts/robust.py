@@ -114,7 +114,8 @@ class MedianAggregation(RobustAggregation):
 
 
 class TrimmedMeanSettings(Settings):
-    beta: float = Field(0.2, ge=0, lt=0.5)  # share of the replies cut at each end, per coordinate
+    beta: float = Field(0.2, ge=0, lt=0.5, description=(
+        "share of the replies cut at each end, per coordinate (0: the plain unweighted mean)"))
 
 
 class TrimmedMeanAggregation(RobustAggregation):
@@ -143,9 +144,10 @@ class TrimmedMeanAggregation(RobustAggregation):
 
 
 class KrumSettings(Settings):
-    # f: bad replies tolerated; needs n > 2f + 2 replies
-    num_malicious: int = Field(0, ge=0, le=MANY)
-    num_selected: int = Field(1, ge=1, le=MANY)  # m: replies kept; 1 is Krum, more is Multi-Krum
+    num_malicious: int = Field(0, ge=0, le=MANY, description=(
+        "f: the bad replies tolerated; a round needs n > 2f + 2 replies"))
+    num_selected: int = Field(1, ge=1, le=MANY, description=(
+        "m: the replies kept and averaged; 1 is Krum, more is Multi-Krum"))
 
 
 class KrumAggregation(RobustAggregation):
