@@ -59,6 +59,10 @@ def step_of(messages: list) -> str:
     """What a round's messages ask, for its progress line: "round 3: train"."""
     if not messages:
         return ""
-    meta = messages[0].metadata
-    kind = meta.message_type.split(".")[0]
-    return f"round {meta.group_id}: {kind}" if meta.group_id.isdigit() else kind
+    from driftfl.common.protocol import SERVER_ROUND
+
+    first = messages[0]
+    kind = first.metadata.message_type.split(".")[0]
+    rounds = [record[SERVER_ROUND] for record in first.content.config_records.values()
+              if SERVER_ROUND in record]
+    return f"round {rounds[0]}: {kind}" if rounds else kind

@@ -9,6 +9,7 @@ import math
 import os
 import platform
 import subprocess
+import threading
 import time
 from importlib import metadata
 from pathlib import Path
@@ -91,6 +92,14 @@ def _earlier_clients(run_dir: Path, last_round: int) -> list[dict]:
     return [{**r, "round": int(r["round"])} for r in rows if int(r["round"]) <= last_round]
 
 
+_PYPLOT = threading.Lock()  # pyplot is not thread-safe: a drawing thread takes it
+
+
+def _draw_alone(plot, *args) -> None:
+    with _PYPLOT:
+        plot(*args)
+
+
 class RunRecorder:
     """Writes one run's directory; metrics are rewritten every round so a crash keeps them."""
 
@@ -106,6 +115,7 @@ class RunRecorder:
         # part's rounds start when its start-up ends (begin_rounds)
         self.seconds_before = resumed["seconds"] if resumed else None
         self.startup_seconds, self.started = 0.0, time.time()
+        self.drawing: threading.Thread | None = None  # partition.png, while it is drawn
         earlier = self.dir / "partition.json"  # a resumed run keeps the moves made before
         self.node_changes: list[dict] = (json.loads(earlier.read_text()).get("node_changes", [])
                                          if resumed and earlier.is_file() else [])
@@ -159,9 +169,17 @@ class RunRecorder:
         self.classes = summary.get("classes")
         counted = [c for c in summary.get("clients", []) if c.get("label_histogram")]
         if counted:  # partition.png: the clients' label counts, where they are known
-            plot_partition(counted, self.classes, self.dir / "partition.png",
-                           f"clients' training labels on {summary.get('dataset', '?')} "
-                           f"({self.split})")
+            # drawn beside the first round: flwr-datasets' import alone took 4 s of start-up
+            self.drawing = threading.Thread(target=_draw_alone, daemon=True, args=(
+                plot_partition, counted, self.classes, self.dir / "partition.png",
+                f"clients' training labels on {summary.get('dataset', '?')} ({self.split})"))
+            self.drawing.start()
+
+    def drawn(self) -> None:
+        """Wait for partition.png: matplotlib draws one picture at a time."""
+        if self.drawing is not None:
+            self.drawing.join()
+            self.drawing = None
 
     def clients_moved(self, clients: list[dict], moved: dict[int, int]) -> None:
         """Restarted nodes took their partitions back under new node ids (old -> new):
@@ -205,6 +223,7 @@ class RunRecorder:
             np.savez_compressed(self.dir / f"{name}.npz", **self.arrays[name])
 
     def add_images(self, images: dict[str, tuple[np.ndarray, np.ndarray]], mean, std) -> None:
+        self.drawn()
         """Image sets (DCFL's condensed sets) under images/: a PNG grid, a row per class, and
         the arrays in the dataset's pixel scale (``x`` uint8 (N, H, W) or (N, H, W, C), ``y``),
         which `driftfl audit` and any script can compare with the clients' real data."""
@@ -218,6 +237,7 @@ class RunRecorder:
             np.savez_compressed(folder / f"{name}.npz", x=pixels, y=np.asarray(y, dtype=np.int64))
 
     def finish(self, model: torch.nn.Module, summary: dict, title: str) -> None:
+        self.drawn()
         torch.save(model.state_dict(), self.dir / "model.pt")
         self._write_json("metrics.json", {"rounds": self.rows, "summary": summary})
         self._write_json("summary.json", summary)

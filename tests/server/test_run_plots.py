@@ -65,6 +65,8 @@ def test_the_recorder_writes_partition_png_and_says_whose_counts_it_shows(tmp_pa
     simulated.partition(summary)
     deployed = RunRecorder(tmp_path / "dep", compose(["superlink=lab"]))
     deployed.partition(summary)
+    simulated.drawn()  # drawn beside the first round: wait for it
+    deployed.drawn()
     titles = {}
     for name in ("sim", "dep"):
         a_png(tmp_path / name / "partition.png")
