@@ -395,11 +395,13 @@ def run(args: list[str]) -> None:
     from driftfl.host import shared_hosts
 
     _sweep_codes = []
-    # the sweep's jobs share one SuperLink and Ray (in this process: a parallel launcher's
-    # workers each start their own)
-    with shared_hosts():
-        hydra_main()
-    if code := worst(_sweep_codes):
+    try:  # the sweep's jobs share one SuperLink and Ray (in this process: a parallel
+        with shared_hosts():  # launcher's workers each start their own)
+            hydra_main()
+        codes = _sweep_codes
+    finally:
+        _sweep_codes = None
+    if code := worst(codes):
         raise SystemExit(code)
 
 
