@@ -139,7 +139,7 @@ def wait_ready(ray: subprocess.Popen, log: Path, timeout: float) -> str | None:
         if ray.poll() is not None:
             return f"`ray start` exited with code {ray.returncode}: {last_error(tail)}"
         time.sleep(0.2)
-    return f"not ready within {timeout:.0f} s"
+    return f"not ready within {timeout:g} s"
 
 
 def last_error(text: str) -> str:
