@@ -106,8 +106,9 @@ def start_ray(flwr_home: str, log: Path) -> tuple[subprocess.Popen, int]:
         with open(log, "a") as out:
             out.write(f"--- ray start (port {port}, waiting up to {wait} s)\n")
             out.flush()
-            env = {**os.environ, "RAY_TMPDIR": flwr_home, "RAY_USAGE_STATS_ENABLED": "0",
-                   "RAY_raylet_start_wait_time_s": str(wait)}
+            # FLWR_HOME: the watchdog ends every process that carries the host's (a SIGKILL)
+            env = {**os.environ, "RAY_TMPDIR": flwr_home, "FLWR_HOME": flwr_home,
+                   "RAY_USAGE_STATS_ENABLED": "0", "RAY_raylet_start_wait_time_s": str(wait)}
             env.pop("RAY_ADDRESS", None)
             ray = subprocess.Popen(
                 [console_script("ray"), "start", "--head", "--block", f"--port={port}",
