@@ -31,9 +31,9 @@ from driftfl.common.paths import console_script
 APP_DIR = Path(__file__).resolve().parents[1]  # holds pyproject.toml: the Flower app
 CONNECTION = "driftfl-simulation"
 RAY_READY = "Ray runtime started"
-# `ray start` waits this long for its raylet; a loaded machine can need more, so a failed start
-# is tried again once with the longer wait
-RAY_WAITS = (30, 120)
+# seconds to wait for `ray start` to say it started, per try: Ray gives its raylet 30 s to
+# register, which a loaded machine can miss, and a second try often makes it
+RAY_WAITS = (90, 180)
 
 
 class HostFailed(RuntimeError):
@@ -108,7 +108,7 @@ def start_ray(flwr_home: str, log: Path) -> tuple[subprocess.Popen, int]:
             out.flush()
             # FLWR_HOME: the watchdog ends every process that carries the host's (a SIGKILL)
             env = {**os.environ, "RAY_TMPDIR": flwr_home, "FLWR_HOME": flwr_home,
-                   "RAY_USAGE_STATS_ENABLED": "0", "RAY_raylet_start_wait_time_s": str(wait)}
+                   "RAY_USAGE_STATS_ENABLED": "0"}
             env.pop("RAY_ADDRESS", None)
             ray = subprocess.Popen(
                 [console_script("ray"), "start", "--head", "--block", f"--port={port}",
@@ -117,7 +117,7 @@ def start_ray(flwr_home: str, log: Path) -> tuple[subprocess.Popen, int]:
                 env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 start_new_session=True)
         try:
-            cause = wait_ready(ray, log, wait + 30)
+            cause = wait_ready(ray, log, wait)
         except BaseException:  # Ctrl-C or SIGTERM while it starts
             stop(ray)
             raise
@@ -125,7 +125,7 @@ def start_ray(flwr_home: str, log: Path) -> tuple[subprocess.Popen, int]:
             return ray, port
         stop(ray)
         if attempt + 1 < len(RAY_WAITS):
-            say(f"Ray did not start ({cause}); trying again with a longer wait")
+            say(f"Ray did not start ({cause}); trying again")
     raise HostFailed(f"Ray did not start: {cause}; the machine may be too busy (see {log})")
 
 
