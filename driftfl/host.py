@@ -2,10 +2,10 @@
 kept for every job of a sweep.
 
 A run's start-up was mostly processes starting: Ray (its GCS, raylet and agents), the SuperLink,
-then the run's own. A ``SimulationHost`` starts Ray (`ray start --head`, bound to 127.0.0.1, its
-sessions and sockets in the host's scratch FLWR_HOME) and the SuperLink once; each run is a
-`flwr run` submitted to it, whose simulation joins that Ray instance (RAY_ADDRESS) instead of
-starting one. A lone run has a host of its own, stopped when it ends; a sweep's jobs share one
+then the run's own. A ``SimulationHost`` starts Ray (ray_head.py: ``ray.init()`` as Flower's
+engine would, its sessions and sockets in the host's scratch FLWR_HOME) and the SuperLink once;
+each run is a `flwr run` submitted to it, whose simulation joins that Ray instance (RAY_ADDRESS)
+instead of starting one. A lone run has a host of its own, stopped when it ends; a sweep's jobs share one
 (``shared_hosts``), stopped when the sweep ends. ``simulation.ray_address`` names a cluster to
 join instead of starting Ray. What a run computes does not depend on it: the same settings give
 the same bytes whether run alone or in a sweep (tests/e2e/test_e2e_sweep.py).
@@ -30,8 +30,8 @@ from driftfl.common.paths import console_script
 
 APP_DIR = Path(__file__).resolve().parents[1]  # holds pyproject.toml: the Flower app
 CONNECTION = "driftfl-simulation"
-RAY_READY = "Ray runtime started"
-# seconds to wait for `ray start` to say it started, per try: Ray gives its raylet 30 s to
+RAY_READY = "Ray runtime started"  # ray_head.py's line, before the address
+# seconds to wait for Ray to say it started, per try: Ray gives its raylet 30 s to
 # register, which a loaded machine can miss, and a second try often makes it
 RAY_WAITS = (90, 180)
 
@@ -66,9 +66,9 @@ class SimulationHost:
             if self.ray is None or self.ray.poll() is not None:
                 started = time.monotonic()
                 say("starting Ray")
-                self.ray, self.ray_port = start_ray(self.flwr_home, self.log)
+                self.ray, self.ray_address_own = start_ray(self.flwr_home, self.log)
                 say(f"Ray is up ({time.monotonic() - started:.1f} s)")
-            address = f"127.0.0.1:{self.ray_port}"
+            address = self.ray_address_own
         self.env = flwr_env(self.flwr_home, address)
         if self.superlink is None or self.superlink.poll() is not None:
             started = time.monotonic()
@@ -98,49 +98,47 @@ def say(stage: str) -> None:
     print(f"driftfl: {stage}", flush=True)
 
 
-def start_ray(flwr_home: str, log: Path) -> tuple[subprocess.Popen, int]:
-    """A Ray head on 127.0.0.1 whose sessions live in ``flwr_home`` (so no other Ray on the
-    machine finds or joins it), and its port; HostFailed with the cause after a second try."""
+def start_ray(flwr_home: str, log: Path) -> tuple[subprocess.Popen, str]:
+    """A private Ray instance whose sessions live in ``flwr_home`` (so no other Ray on the
+    machine finds or joins it), and its address; HostFailed with the cause after a second
+    try."""
     for attempt, wait in enumerate(RAY_WAITS):
-        port = free_port()
         with open(log, "a") as out:
-            out.write(f"--- ray start (port {port}, waiting up to {wait} s)\n")
+            out.write(f"--- ray start (waiting up to {wait} s)\n")
             out.flush()
             # FLWR_HOME: the watchdog ends every process that carries the host's (a SIGKILL)
             env = {**os.environ, "RAY_TMPDIR": flwr_home, "FLWR_HOME": flwr_home,
-                   "RAY_USAGE_STATS_ENABLED": "0"}
+                   "RAY_USAGE_STATS_ENABLED": "0", "PYTHONUNBUFFERED": "1"}
             env.pop("RAY_ADDRESS", None)
             ray = subprocess.Popen(
-                [console_script("ray"), "start", "--head", "--block", f"--port={port}",
-                 "--node-ip-address=127.0.0.1", "--include-dashboard=false",
-                 "--disable-usage-stats", f"--temp-dir={flwr_home}"],
+                [sys.executable, str(Path(__file__).with_name("ray_head.py")), flwr_home],
                 env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 start_new_session=True)
         try:
-            cause = wait_ready(ray, log, wait)
+            address, cause = wait_ready(ray, log, wait)
         except BaseException:  # Ctrl-C or SIGTERM while it starts
             stop(ray)
             raise
-        if cause is None:
-            return ray, port
+        if address:
+            return ray, address
         stop(ray)
         if attempt + 1 < len(RAY_WAITS):
             say(f"Ray did not start ({cause}); trying again")
     raise HostFailed(f"Ray did not start: {cause}; the machine may be too busy (see {log})")
 
 
-def wait_ready(ray: subprocess.Popen, log: Path, timeout: float) -> str | None:
-    """None once ``ray`` says it started; else why not, in a few words."""
+def wait_ready(ray: subprocess.Popen, log: Path, timeout: float) -> tuple[str, str]:
+    """(Ray's address, "") once ``ray`` says it started; else ("", why not, in a few words)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         text = log.read_text(errors="replace")
         tail = text[text.rfind("--- ray start"):]
-        if RAY_READY in tail:
-            return None
+        if found := re.search(rf"^{RAY_READY} (\S+)$", tail, re.M):
+            return found.group(1), ""
         if ray.poll() is not None:
-            return f"`ray start` exited with code {ray.returncode}: {last_error(tail)}"
+            return "", f"Ray exited with code {ray.returncode}: {last_error(tail)}"
         time.sleep(0.2)
-    return f"not ready within {timeout:g} s"
+    return "", f"not ready within {timeout:g} s"
 
 
 def last_error(text: str) -> str:
