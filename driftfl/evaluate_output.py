@@ -12,6 +12,7 @@ from pathlib import Path
 from driftfl.common.errors import ConfigError
 from driftfl.common.paths import cannot_write
 from driftfl.common.untrusted import UnsafeFile, refuse_links
+from driftfl.common.json_values import json_safe
 
 SHOWN_CLIENTS = 40  # rows of the console's client table; the JSON holds every client
 LONGEST_NAME = 80  # characters of the overrides in a default file name, then a digest
@@ -114,7 +115,7 @@ def document(experiment, model_file: Path, overrides: list[str], result: dict,
     """The JSON: what was evaluated on what, and the figures (an accuracy without examples to
     measure it on is null)."""
     cfg = experiment.cfg
-    return json.dumps(_finite({
+    return json.dumps(json_safe({
         "model_file": str(model_file.absolute()), "overrides": overrides,
         "experiment": {"model": cfg.model.name, "dataset": cfg.dataset.name,
                        "partition": cfg.partition.model_dump(mode="json"),
@@ -124,11 +125,3 @@ def document(experiment, model_file: Path, overrides: list[str], result: dict,
         **result, "notes": said}), indent=2) + "\n"
 
 
-def _finite(value):
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, list):
-        return [_finite(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    return value

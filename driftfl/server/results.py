@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import csv
 import json
-import math
 import os
 import platform
 import subprocess
@@ -21,6 +20,7 @@ import yaml
 from driftfl.common.config import ExperimentConfig
 from driftfl.common.leakage import to_pixels
 from driftfl.common.partition import describe
+from driftfl.common.json_values import json_safe
 
 from .plots import (clients_tell_something, plot_accuracy, plot_clients, plot_heatmaps,
                     plot_image_grid, plot_partition, plot_per_class)
@@ -67,16 +67,6 @@ def _flat_row(row: dict) -> dict:
         else:
             flat[key] = value
     return flat
-
-
-def _json_safe(value):
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, list):
-        return [_json_safe(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _json_safe(v) for k, v in value.items()}
-    return value
 
 
 CLIENTS_CSV = "clients.csv"
@@ -160,7 +150,7 @@ class RunRecorder:
         return {"seconds": self.seconds(), "startup_seconds": self.startup_seconds, **before}
 
     def _write_json(self, name: str, payload) -> None:
-        (self.dir / name).write_text(json.dumps(_json_safe(payload), indent=2) + "\n")
+        (self.dir / name).write_text(json.dumps(json_safe(payload), indent=2) + "\n")
 
     def partition(self, summary: dict) -> None:
         """partition.json: the data, the split and which node holds each client's share."""
