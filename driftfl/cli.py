@@ -129,7 +129,8 @@ def _run_job(cfg, hydra_subdir: str | None = None, keep: Path | None = None,
     code = launch(experiment_cfg, overrides, run_dir, resume)
     from driftfl.launch import run_status
 
-    if not deployed and run_status(run_dir) in ("completed", "incomplete"):
+    trained = run_status(run_dir) in ("completed", "incomplete")
+    if trained and not deployed:
         from driftfl.audit import audit_after_run  # what the clients shipped (DCFL), against
 
         audit_after_run(run_dir, experiment)  # their data, loaded here already
@@ -137,9 +138,9 @@ def _run_job(cfg, hydra_subdir: str | None = None, keep: Path | None = None,
         raise SystemExit(code)
     if code:  # a sweep goes on with its other jobs and exits with the worst code at the end
         _sweep_codes.append(code)
-    if run_status(run_dir) not in ("completed", "incomplete"):
-        return None
-    return json.loads((run_dir / "summary.json").read_text())["final_accuracy"]
+    # a sweeper's objective (Optuna's): None for a run that trained nothing
+    return json.loads((run_dir / "summary.json").read_text())["final_accuracy"] if trained \
+        else None
 
 
 # the exit codes of a sweep's jobs that did not complete (None: not a sweep)

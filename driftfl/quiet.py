@@ -163,14 +163,14 @@ class LiveLine:
     (driftfl.server.progress) as one line rewritten in place, cleared by the next line."""
 
     def __init__(self, out):
-        self.out = out
+        from driftfl.server.progress import PROGRESS
+
+        self.out, self.progress = out, PROGRESS
         self.tty = hasattr(out, "isatty") and out.isatty()
         self.pending = False  # a progress line is on the screen, without its newline
 
     def write(self, line: str) -> None:
-        from driftfl.server.progress import PROGRESS
-
-        progress = ANSI.sub("", line).startswith(PROGRESS)
+        progress = ANSI.sub("", line).startswith(self.progress)
         if self.pending:
             self.out.write("\r\x1b[K")
         if progress and self.tty:
