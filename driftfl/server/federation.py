@@ -35,6 +35,7 @@ from driftfl.common.owners import read_owners, undeclared_counts
 
 from . import checkpoint
 from .nodes import wait_for_nodes
+from .progress import GatheringGrid
 from .roster import Roster
 from .simulated import AssigningGrid, assign_partitions, registration_order, warm_up
 from .survey import survey_clients
@@ -163,7 +164,9 @@ class DeployedFederation(Federation):
         # nodes claim their counts in the survey: say what one that lies gets, where it can
         if says := undeclared_counts(self.owners, cfg.num_clients, cfg.max_examples_ratio):
             log(WARNING, says)
-        self.grid = RoundGrid(MeteredGrid(grid))
+        # Flower's own grid waits for replies with a progress line (a test's grid as it is)
+        own = type(grid).__module__.startswith("flwr.")
+        self.grid = RoundGrid(MeteredGrid(GatheringGrid(grid) if own else grid))
         self.roster = None
         self.lost: list[int] = []  # the last round's lost nodes: the roster waits for them
 

@@ -2,7 +2,8 @@
 evaluation has come. A round of a CNN on 2 cores takes minutes, and a run that prints nothing for
 minutes cannot be told from one that hangs.
 
-The ServerApp prints plain lines that start with ``PROGRESS``; `driftfl run` shows them as one
+In simulation the grid's own wait (server/simulated.py) and in deployment ``GatheringGrid`` look
+for the replies and count them. The ServerApp prints plain lines that start with ``PROGRESS``; `driftfl run` shows them as one
 line rewritten in place on a terminal and as they are elsewhere (a log, CI), see driftfl.quiet.
 A step that ends within ``FIRST`` seconds prints nothing; after that a line comes when the count
 moves (at most every ``EVERY`` seconds) or, while it does not, every ``QUIET`` seconds: quick
@@ -66,3 +67,22 @@ def step_of(messages: list) -> str:
     rounds = [record[SERVER_ROUND] for record in first.content.config_records.values()
               if SERVER_ROUND in record]
     return f"round {rounds[0]}: {kind}" if rounds else kind
+
+
+DEPLOYED_PULL_SECONDS = 3.0  # Flower's own pause between looks for a deployed grid's replies
+
+
+class GatheringGrid:
+    """Flower's deployed grid whose wait for replies is ``gather``'s: a look every 3 s, as
+    Flower's own, with the round's progress line."""
+
+    def __init__(self, grid):
+        self._grid = grid
+
+    def __getattr__(self, name):
+        return getattr(self._grid, name)
+
+    def send_and_receive(self, messages, *, timeout: float | None = None) -> list:
+        messages = list(messages)
+        return gather(self._grid, set(self._grid.push_messages(messages)), timeout,
+                      lambda awaited: DEPLOYED_PULL_SECONDS, step_of(messages))

@@ -70,3 +70,41 @@ def test_a_terminal_shows_progress_in_place_and_a_log_as_lines():
     assert terminal.getvalue() == (
         "a\nprogress round 1: train: 1/5 clients answered (6 s)\r\x1b[K"
         "progress round 1: train: 2/5 clients answered (11 s)\r\x1b[Kround 1/3\n")
+
+
+def test_a_deployed_round_waits_as_flower_does_and_returns_every_reply(monkeypatch):
+    """GatheringGrid: push, then a look every 3 s (Flower's pause) until every reply came."""
+    slept = []
+
+    class Meta:
+        def __init__(self, i):
+            self.reply_to_message_id = i
+            self.message_type = "train"
+
+    class Reply:
+        def __init__(self, i):
+            self.metadata = Meta(i)
+
+    class FlowerGrid:
+        looks = 0
+
+        def push_messages(self, messages):
+            return [f"m{i}" for i, _ in enumerate(messages)]
+
+        def pull_messages(self, awaited):
+            self.looks += 1
+            return [Reply(min(awaited))] if self.looks > 1 else []
+
+        def get_node_ids(self):
+            return [7]
+
+    class Sent:
+        def __init__(self):
+            self.metadata = Meta("")
+            self.content = type("Content", (), {"config_records": {}})()
+
+    monkeypatch.setattr(progress.time, "sleep", slept.append)
+    grid = progress.GatheringGrid(FlowerGrid())
+    replies = grid.send_and_receive([Sent(), Sent()], timeout=None)
+    assert sorted(r.metadata.reply_to_message_id for r in replies) == ["m0", "m1"]
+    assert slept == [3.0, 3.0] and grid.get_node_ids() == [7]  # the rest passes through
