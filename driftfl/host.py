@@ -48,10 +48,10 @@ class SimulationHost:
         self.ray_address, self.log = ray_address, log
         self.flwr_home = tempfile.mkdtemp(prefix="driftfl-flower-")
         self.ray: subprocess.Popen | None = None
+        self.own_ray_address = ""  # the Ray instance this host started
         self.superlink: subprocess.Popen | None = None
         self.watchdog = None
         self.env: dict[str, str] = {}
-        self.runs = 0  # runs submitted so far
 
     def start(self, resume: bool = False) -> None:
         """Start what is not running yet (``resume``: a resumed run's log is appended to),
@@ -66,9 +66,12 @@ class SimulationHost:
             if self.ray is None or self.ray.poll() is not None:
                 started = time.monotonic()
                 say("starting Ray")
-                self.ray, self.ray_address_own = start_ray(self.flwr_home, self.log)
+                self.ray, self.own_ray_address = start_ray(self.flwr_home, self.log)
                 say(f"Ray is up ({time.monotonic() - started:.1f} s)")
-            address = self.ray_address_own
+            address = self.own_ray_address
+        if self.env.get("RAY_ADDRESS") not in (None, address) and self.superlink is not None:
+            stop(self.superlink)  # it would start runs on the Ray instance that is gone
+            self.superlink = None
         self.env = flwr_env(self.flwr_home, address)
         if self.superlink is None or self.superlink.poll() is not None:
             started = time.monotonic()

@@ -134,7 +134,6 @@ def launch_simulation(cfg: ExperimentConfig, overrides: list[str], run_dir: Path
                       f"client_resources_num_gpus={cfg.simulation.client_gpus}")
         print("driftfl: submitting the run (the ServerApp loads the data, Ray starts the "
               "clients)", flush=True)
-        host.runs += 1
         finished = follow([CONNECTION, "--run-config", run_config_arg(overrides, run_dir,
                                                                       resume, launched),
                            "--federation-config", federation, "--stream"], host.env,
