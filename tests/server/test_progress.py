@@ -32,16 +32,21 @@ def test_progress_lines_come_late_and_sparse(monkeypatch, capsys):
         "driftfl: progress round 3: train: 3/5 clients answered (42 s)"]  # standing 30 s
 
 
+class Meta:
+    """A message's metadata, as much of it as the wait for replies reads."""
+
+    def __init__(self, i):
+        self.reply_to_message_id = i
+        self.message_type = "train"
+
+
+class Reply:
+    def __init__(self, i):
+        self.metadata = Meta(i)
+
+
 def test_gather_counts_the_replies_as_they_come(monkeypatch):
     """The simulation's look for replies: every reply returned once, progress on the way."""
-    class Meta:
-        def __init__(self, i):
-            self.reply_to_message_id = i
-
-    class Reply:
-        def __init__(self, i):
-            self.metadata = Meta(i)
-
     class Grid:
         looks = 0
 
@@ -75,15 +80,6 @@ def test_a_terminal_shows_progress_in_place_and_a_log_as_lines():
 def test_a_deployed_round_waits_as_flower_does_and_returns_every_reply(monkeypatch):
     """GatheringGrid: push, then a look every 3 s (Flower's pause) until every reply came."""
     slept = []
-
-    class Meta:
-        def __init__(self, i):
-            self.reply_to_message_id = i
-            self.message_type = "train"
-
-    class Reply:
-        def __init__(self, i):
-            self.metadata = Meta(i)
 
     class FlowerGrid:
         looks = 0
