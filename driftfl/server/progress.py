@@ -3,8 +3,9 @@ evaluation has come. A round of a CNN on 2 cores takes minutes, and a run that p
 minutes cannot be told from one that hangs.
 
 In simulation the grid's own wait (server/simulated.py) and in deployment ``GatheringGrid`` look
-for the replies and count them. The ServerApp prints plain lines that start with ``PROGRESS``; `driftfl run` shows them as one
-line rewritten in place on a terminal and as they are elsewhere (a log, CI), see driftfl.quiet.
+for the replies and count them. The ServerApp prints plain lines that start with ``PROGRESS``;
+`driftfl run` shows them as one line rewritten in place on a terminal and as they are elsewhere
+(a log, CI), see driftfl.quiet.
 A step that ends within ``FIRST`` seconds prints nothing; after that a line comes when the count
 moves (at most every ``EVERY`` seconds) or, while it does not, every ``QUIET`` seconds: quick
 rounds stay as quiet as before, and a log gets a few lines a minute at most.
