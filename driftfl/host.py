@@ -7,8 +7,8 @@ engine would, its sessions and sockets in the host's scratch FLWR_HOME) and the 
 each run is a `flwr run` submitted to it, whose simulation joins that Ray instance (RAY_ADDRESS)
 instead of starting one. A lone run has a host of its own, stopped when it ends; a sweep's jobs
 share one (``shared_hosts``), stopped when the sweep ends. ``simulation.ray_address`` names a
-cluster to join instead of starting Ray. What a run computes does not depend on it: the same settings give
-the same bytes whether run alone or in a sweep (tests/e2e/test_e2e_sweep.py).
+cluster to join instead of starting Ray. What a run computes does not depend on it: the same
+settings give the same bytes whether run alone or in a sweep (tests/e2e/test_e2e_sweep.py).
 """
 
 from __future__ import annotations
