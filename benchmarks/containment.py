@@ -22,6 +22,15 @@ pointed against learning:
   peer bound, and a classifier that is the head it was sent (so its CKA row is 0: the most
   complementary client of every group).
 
+``--attack alie|alie-own|ipm|radius`` replaces that attacker by ones that read the round's
+honest replies (benchmarks/_attacks.py: "a little is enough" with the colluding and the own
+view, inner-product manipulation, a vector just inside trust=none's bound); ``--attackers``
+makes partitions 0 .. A-1 attack together (default 1 of 5, 2 of 10 for those), ``--cases``
+runs some columns only:
+
+    .venv/bin/python benchmarks/containment.py --attack alie --clients 5 10 --seeds 0 1 2 \
+        --cases after honest_none --methods scaffold fedavg --out alie.jsonl
+
 Under ``privacy=distributed`` (``--set privacy=distributed ...``) the model push is 0.95 x
 what the server lets a client send (its clip plus its noise share's reach), skipping both.
 
@@ -45,13 +54,15 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _attacks import RoundAttacker  # noqa: E402
 from _runs import in_process_federation  # noqa: E402
 
 METHODS = ["fedavg", "scaffold", "feddyn", "fedcurv", "fedproto", "fedcsd", "dcfl"]
 BASE = ["model=mlp", "dataset.subset=4000", "dataset.test_subset=2000", "rounds=5",
         "logit_shift_samples=8"]
 EXTRA = {"dcfl": ["strategy.condense_iterations=20", "strategy.pretrain_epochs=2"]}
-ATTACKER = 100  # the node holding partition 0
+ATTACKER = 100  # the node holding partition 0 (the next attackers: 101, ...)
+ATTACKS = ["push", "alie", "alie-own", "ipm", "radius"]
 
 
 def arrays_of(record) -> dict[str, np.ndarray]:
@@ -155,10 +166,12 @@ class Attacker:
 
 
 class AttackedGrid:
-    """The in-process grid with partition 0's replies forged (``attacker``; None: honest)."""
+    """The in-process grid with the replies of the nodes ``attackers`` (partitions 0, 1, ...)
+    forged (``attacker``: an Attacker, per reply, or a _attacks.RoundAttacker, after the round's
+    replies are all in; None: honest; "absent": they never answer)."""
 
-    def __init__(self, grid, attacker):
-        self.grid, self.attacker = grid, attacker
+    def __init__(self, grid, attacker, attackers=frozenset({ATTACKER})):
+        self.grid, self.attacker, self.attackers = grid, attacker, attackers
 
     def get_node_ids(self):
         return self.grid.get_node_ids()
@@ -168,19 +181,23 @@ class AttackedGrid:
         replies = self.grid.send_and_receive(messages, timeout)
         if self.attacker is None:
             return replies
-        if self.attacker == "absent":  # partition 0 never answers: the run without it
-            return [r for r in replies if r.metadata.src_node_id != ATTACKER]
+        if self.attacker == "absent":  # the attackers never answer: the run without them
+            return [r for r in replies if r.metadata.src_node_id not in self.attackers]
         sent = {m.metadata.dst_node_id: m for m in messages}
+        if hasattr(self.attacker, "forge_round"):  # forged from the round's honest replies
+            return self.attacker.forge_round(sent, replies)
         return [self.attacker.forge(sent[r.metadata.src_node_id], r)
-                if r.metadata.src_node_id == ATTACKER else r for r in replies]
+                if r.metadata.src_node_id in self.attackers else r for r in replies]
 
     def __getattr__(self, name):
         return getattr(self.grid, name)
 
 
-def final_accuracy(overrides: list[str], attacked: bool | str) -> tuple[float, dict]:
-    """(test accuracy of the final model, what the run's reports said) for one run; partition
-    0 honest (``attacked`` False), hostile (True) or silent ("absent")."""
+def final_accuracy(overrides: list[str], attacked: bool | str, attack: str = "push",
+                   attackers: int = 1) -> tuple[float, dict]:
+    """(test accuracy of the final model, what the run's reports said) for one run; partitions
+    0 .. ``attackers`` - 1 honest (``attacked`` False), hostile (True: ``attack``) or silent
+    ("absent")."""
     import torch
     from flwr.app import ConfigRecord
     from driftfl.common.datasets import load_dataset, to_tensors
@@ -189,8 +206,12 @@ def final_accuracy(overrides: list[str], attacked: bool | str) -> tuple[float, d
     from driftfl.strategies.parts.aggregation import to_numpy
 
     cfg, model, strategy, grid, record = in_process_federation(overrides)
-    grid = AttackedGrid(grid, Attacker(cfg, strategy) if attacked is True else attacked or None)
-    seen = {"rejected": 0, "refused_state": 0, "not_updated": 0, "accuracy_by_round": []}
+    nodes = frozenset(range(ATTACKER, ATTACKER + attackers))
+    hostile = (Attacker(cfg, strategy) if attack == "push"
+               else RoundAttacker(cfg, strategy, attack, nodes))
+    grid = AttackedGrid(grid, hostile if attacked is True else attacked or None, nodes)
+    seen = {"rejected": 0, "refused_state": 0, "not_updated": 0, "accuracy_by_round": [],
+            "state_norm_by_round": []}
     data = load_dataset(cfg.dataset)  # test_subset applies to the test set
     x, y = to_tensors(data.test_x, data.test_y, data.mean, data.std)
     tester = copy.deepcopy(model)
@@ -207,6 +228,9 @@ def final_accuracy(overrides: list[str], attacked: bool | str) -> tuple[float, d
         seen["refused_state"] += len(report.refused_state)
         seen["not_updated"] += server_round > 0 and not report.model_updated
         seen["accuracy_by_round"].append(round(accuracy(to_numpy(arrays)), 4))
+        state = getattr(strategy, "control", None) or getattr(strategy, "h", None)
+        if state:  # SCAFFOLD's c, FedDyn's h: how far an attacker walks them
+            seen["state_norm_by_round"].append(round(norm(state), 4))
         return None
 
     result = strategy.start(grid=grid, initial_arrays=model_to_arrays(model),
@@ -216,32 +240,37 @@ def final_accuracy(overrides: list[str], attacked: bool | str) -> tuple[float, d
     return accuracy(to_numpy(result.arrays)), seen
 
 
-def containment(methods, clients, seeds, out: Path) -> None:
-    print(f"{'method':10s} {'K':>3s} {'honest':>8s} {'without it':>11s} "
-          f"{'attacked (trust=clients)':>25s} {'attacked (trust=none)':>22s} "
-          f"{'honest (trust=none)':>20s}", flush=True)
+CASES = (("honest", "clients", False), ("absent", "clients", "absent"),
+         ("before", "clients", True), ("after", "none", True), ("honest_none", "none", False))
+
+
+def containment(methods, clients, seeds, out: Path, attack: str = "push",
+                attackers: list[int] | None = None, cases=None) -> None:
+    """The table's runs; ``attackers``: how many of each ``clients`` count attack (default:
+    one for push, one in five for the others); ``cases``: the columns to run (default all)."""
+    if attackers is None:
+        attackers = [1 if attack == "push" else max(1, k // 5) for k in clients]
+    chosen = [c for c in CASES if cases is None or c[0] in cases]
+    print(f"attack={attack}\n{'method':10s} {'K':>3s} {'A':>2s} " + " ".join(
+        f"{name:>12s}" for name, _, _ in chosen), flush=True)
     for method in methods:
-        for k in clients:
+        for k, a in zip(clients, attackers, strict=True):
             cells = {}
-            for name, trust, attacked in (("honest", "clients", False),
-                                          ("absent", "clients", "absent"),
-                                          ("before", "clients", True),
-                                          ("after", "none", True),
-                                          ("honest_none", "none", False)):
+            for name, trust, attacked in chosen:
                 accs = []
                 for seed in seeds:
                     overrides = [f"strategy={method}", *BASE, *EXTRA.get(method, []),
                                  f"num_clients={k}", f"seed={seed}", f"trust={trust}"]
                     started = time.perf_counter()
-                    acc, seen = final_accuracy(overrides, attacked)
+                    acc, seen = final_accuracy(overrides, attacked, attack, a)
                     accs.append(acc)
-                    record(out, {"method": method, "clients": k, "seed": seed, "case": name,
+                    record(out, {"method": method, "clients": k, "attackers": a,
+                                 "attack": attack, "seed": seed, "case": name,
                                  "trust": trust, "attacked": attacked, "accuracy": acc,
                                  "seconds": time.perf_counter() - started, **seen})
                 cells[name] = statistics.mean(accs)
-            print(f"{method:10s} {k:3d} {cells['honest']:8.1%} {cells['absent']:11.1%} "
-                  f"{cells['before']:25.1%} "
-                  f"{cells['after']:22.1%} {cells['honest_none']:20.1%}", flush=True)
+            print(f"{method:10s} {k:3d} {a:2d} " + " ".join(
+                f"{cells[name]:12.1%}" for name, _, _ in chosen), flush=True)
 
 
 def cost(methods, seeds, out: Path) -> None:
@@ -274,6 +303,9 @@ def markdown(path: Path) -> None:
     cells: dict[tuple, dict[str, list[float]]] = {}
     for row in rows:
         key = (row["method"], row.get("clients", row.get("partition")))
+        if "attack" in row:  # a table per attack: its rows named by it
+            key = (f"{row['method']}, {row['attack']}", f"{row['clients']} "
+                   f"({row['attackers']} attacking)")
         case = row.get("case", row["trust"])
         cells.setdefault(key, {}).setdefault(case, []).append(100 * row["accuracy"])
     mean = statistics.mean
@@ -282,8 +314,8 @@ def markdown(path: Path) -> None:
               "attacked, trust=none | honest, trust=none |\n|---|---|---|---|---|---|---|")
         for (method, k), c in cells.items():
             print(f"| {method} | {k} | " + " | ".join(
-                f"{mean(c[name]):.1f} %" for name in ("honest", "absent", "before", "after",
-                                                      "honest_none")) + " |")
+                f"{mean(c[name]):.1f} %" if name in c else "-" for name in (
+                    "honest", "absent", "before", "after", "honest_none")) + " |")
     else:
         print("| method | partition | trust=clients | trust=none | difference |\n"
               "|---|---|---|---|---|")
@@ -302,6 +334,13 @@ def main() -> None:
     parser.add_argument("--methods", nargs="+", default=METHODS, choices=METHODS)
     parser.add_argument("--clients", nargs="+", type=int, default=[5, 10])
     parser.add_argument("--seeds", nargs="+", type=int, default=[0])
+    parser.add_argument("--attack", default="push", choices=ATTACKS,
+                        help="the attacker: push (the module's docstring), or one that reads "
+                             "the round's replies (benchmarks/_attacks.py)")
+    parser.add_argument("--attackers", nargs="+", type=int, metavar="A",
+                        help="attackers per --clients entry (default: 1 for push, K // 5 else)")
+    parser.add_argument("--cases", nargs="+", choices=[c[0] for c in CASES],
+                        help="the columns to run (default: all)")
     parser.add_argument("--cost", action="store_true",
                         help="the honest cost of trust=none (Dir(0.1), #C=2) instead")
     parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
@@ -318,7 +357,8 @@ def main() -> None:
     if args.cost:
         cost(args.methods, args.seeds if args.seeds != [0] else [0, 1, 2], args.out)
     else:
-        containment(args.methods, args.clients, args.seeds, args.out)
+        containment(args.methods, args.clients, args.seeds, args.out, args.attack,
+                    args.attackers, args.cases)
 
 
 if __name__ == "__main__":
