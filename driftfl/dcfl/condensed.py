@@ -7,7 +7,9 @@ must be before it replaces w^0.
 - **Peers.** A set's size, its largest image norm (one outsized image is enough to steer the
   pre-training), may be at most ``max_peer_ratio`` x the lower median of the non-zero sizes of
   the sets already stored and those arriving with it (``outsized``): the store's honest sets keep
-  a lone newcomer in line too, and an all-zero set cannot make every later one outsized.
+  a lone newcomer in line too, and an all-zero set cannot make every later one outsized. Fewer
+  than three non-zero sizes set no bar (``guard.peer_bar``): one tiny set would be the bar of
+  the other.
 - **Pre-trained model.** w^1 replaces w^0 only when ``guard.state_problem`` passes: finite, moved
   by at most ``max_update_ratio`` x max(1, ||w^0||), as an aggregate against the global model.
 """
@@ -77,9 +79,9 @@ def set_size(images: np.ndarray) -> float:
 def outsized(new: list[np.ndarray], store: dict[int, tuple[np.ndarray, np.ndarray]],
              ratio: float) -> dict[int, str]:
     """Position in ``new`` (images) -> why, for the sets over ``ratio`` x the lower median size
-    of the ``store``'s sets and the new ones."""
+    of the ``store``'s sets and the new ones (``guard.peer_bar``: none below three sets)."""
     sizes = [set_size(images) for images in new]
-    median = guard.nonzero_lower_median(sizes + [set_size(images) for images, _ in store.values()])
+    median = guard.peer_bar(sizes + [set_size(images) for images, _ in store.values()])
     return {k: f"its condensed set's largest image norm {size:.3g} is over "
                f"max_peer_ratio={ratio:g} x the median {median:.3g} of the sets known"
             for k, size in enumerate(sizes) if not size <= ratio * median}

@@ -366,12 +366,13 @@ class DCFL(DriftStrategy):
         new = [u for u in updates if u.node_id in self.asked]
         bad = outsized([self.checked_sets[u.node_id][0] for u in new], self.store,
                        self.max_peer_ratio)
+        peers = set(bad)  # (the copied heads are added below: a check of the reply alone)
         for k, u in enumerate(new):
             if k not in bad and (copied := copied_head(u.arrays["head.weight"],
                                                        self.global_arrays.get("head.weight"))):
                 bad[k] = copied
         for k, reason in bad.items():
-            self.guard.refuse_reply(self.report, new[k].node_id, reason)
+            self.guard.refuse_reply(self.report, new[k].node_id, reason, by_peers=k in peers)
         dropped = {new[k].node_id for k in bad}
         kept = [u for u in new if u.node_id not in dropped]
         for u, images in zip(kept, self.bounded([self.checked_sets[u.node_id][0] for u in kept])):

@@ -156,6 +156,9 @@ class DriftStrategy(FedAvg):
                                               clients=self.clients,
                                               weight_cap=self.guard.weight_cap)
         self.report = RoundReport()
+        # (node, why, by a peer bar) for the replies of this round's exchanges before training
+        # that were refused (FedCSD's prototype phase): recorded and counted with its replies
+        self.refused_before: list[tuple[int, str, bool]] = []
         self.global_arrays: dict[str, np.ndarray] = {}  # the model sent this round
         self.last_aggregate: dict[str, np.ndarray] = {}  # what the aggregation made of it
         self.last_updates: list[ClientUpdate] = []  # the replies that passed the checks
@@ -327,6 +330,10 @@ class DriftStrategy(FedAvg):
         self.report = report = RoundReport.of_round(
             self.trained, answered, lost_to_superlink(replies, self.train_messages),
             self.plan.dropped, self.clients.name)
+        for node, reason, by_peers in self.refused_before:  # logged when they came
+            self.guard.refuse_reply(report, node, reason, by_peers=by_peers, logged=True)
+        answered = answered | {node for node, _, _ in self.refused_before}
+        self.refused_before = []
         if secure is not None:
             for node, reason in sorted(secure.rejected.items(),
                                        key=lambda item: self.clients.rank(item[0])):
@@ -339,7 +346,7 @@ class DriftStrategy(FedAvg):
                     report, updates, "update",
                     lambda u: update_norm(u.arrays, self.global_arrays)))
         self.guard.log_starved(report)
-        self.guard.count_offences(report, answered)
+        self.guard.count_offences(report, answered, self.release.compares_clients)
         updates = self.guard.capped(updates)
         if updates:  # trust=none: each model within its bound of the round's others
             updates = self.aggregation.bound_updates(updates, self.global_arrays)

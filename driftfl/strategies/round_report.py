@@ -21,7 +21,10 @@ class RoundReport:
     starved: list[tuple[str, str]] = field(default_factory=list)
     # (partition, what it lacked): replies that failed for want of a resource, not rejected
     failed: list[tuple[str, str]] = field(default_factory=list)
-    offenders: list[int] = field(default_factory=list)  # the others, by node id
+    # the others, by node id: those a check of the reply alone refused (strikes: guard.py)...
+    offenders: list[int] = field(default_factory=list)
+    # ... and those a peer bar refused: evidence of other clients' replies, no strike
+    outsized: list[int] = field(default_factory=list)
     silent: list[int] = field(default_factory=list)  # sent a train message, sent nothing back
     # of those, the lost (by name, and their node ids): the SuperLink reported them
     # unavailable, or (the federation settles it) they are no longer connected

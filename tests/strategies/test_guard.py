@@ -4,6 +4,7 @@ by a finite state that moved within the bound (driftfl/strategies/parts/guard.py
 from __future__ import annotations
 
 import logging
+import math
 
 import numpy as np
 import pytest
@@ -11,7 +12,8 @@ import pytest
 from driftfl.strategies import FedAvg
 from driftfl.strategies.parts.aggregation import Aggregation
 from driftfl.strategies.parts.aggregation import model_norm as norm
-from driftfl.strategies.parts.guard import lower_median, peer_outliers, state_problem
+from driftfl.strategies.parts.guard import (lower_median, peer_bar, peer_outliers,
+                                            state_problem)
 from driftfl.strategies.parts.robust import (KrumAggregation, MedianAggregation,
                                              TrimmedMeanAggregation)
 from test_reply_checks import train_reply
@@ -28,8 +30,17 @@ def test_the_lower_median_is_the_smaller_middle_value():
 
 def test_a_norm_over_ratio_times_the_lower_median_is_an_outlier():
     assert peer_outliers([1.0, 2.0, 20.0, 20.01], 10.0) == ([3], 20.0)
-    assert peer_outliers([float("nan"), 1.0], 10.0) == ([0], 10.0)
+    assert peer_outliers([float("nan"), 1.0, 2.0, 3.0], 10.0) == ([0], 20.0)
     assert peer_outliers([], 10.0)[0] == []
+
+
+def test_fewer_than_three_nonzero_norms_set_no_bar():
+    """With two, the smaller would be the bar: a client sending a payload of 1e-6 x its peer's
+    would get its one peer rejected (issue 52)."""
+    assert peer_bar([1e-6, 1.0]) == math.inf and peer_bar([0.0, 1e-6, 1.0]) == math.inf
+    assert peer_outliers([1e-6, 1.0], 30.0) == ([], math.inf)
+    assert peer_outliers([float("nan"), 1.0], 10.0)[0] == [0]  # not finite: no bar needed
+    assert peer_bar([1e-6, 1.0, 1.1]) == 1.0  # three: one client cannot be the lower median
 
 
 def test_a_state_is_refused_when_it_goes_non_finite_or_moves_over_the_bound():
@@ -55,6 +66,35 @@ def test_a_reply_ten_times_the_median_update_is_rejected_and_never_aggregated(ca
     assert "over max_peer_ratio=10 x the round's median 0.2" in strategy.report.rejected[0]
     np.testing.assert_allclose(arrays["w"].numpy(), [1.05, 1.1], rtol=1e-6)
     assert "round reply from node 3 rejected" in caplog.text
+
+
+def test_a_reply_only_a_peer_bar_rejects_is_never_excluded(server_task):
+    """Exclusion needs evidence of the reply alone: node 3's update outsizes its peers' every
+    round, is rejected every round, and keeps no strike (guard.count_offences)."""
+    strategy = FedAvg(max_peer_ratio=10.0, exclude_after=2)
+    strategy.global_arrays = GLOBAL
+    for server_round in (1, 2, 3):
+        strategy.trained = [1, 2, 3]
+        strategy.aggregate_train(server_round, [
+            train_reply(1, [1.1, 1.0], 5), train_reply(2, [1.0, 1.2], 5),
+            train_reply(3, [1.0, 1.0 + 2.01], 5)])
+        assert strategy.report.rejected_partitions == ["node3"]
+        assert strategy.report.outsized == [3] and strategy.report.offenders == []
+    assert strategy.guard.strikes == {} and strategy.clients.excluded == []
+
+
+@pytest.mark.parametrize("compares", [True, False])
+def test_under_dp_a_rejected_reply_strikes_nobody(compares, server_task):
+    """A release that may not compare clients (DP) excludes nobody: whether a round struck a
+    client would depend on how many other replies it rejected (guard.count_offences)."""
+    strategy = FedAvg(exclude_after=1)
+    strategy.release.compares_clients = compares  # PrivateRelease's is False
+    strategy.global_arrays = GLOBAL
+    strategy.trained = [1, 2, 3]
+    strategy.aggregate_train(1, [train_reply(1, [1.1, 1.0], 5), train_reply(2, [1.0, 1.2], 5),
+                                 train_reply(3, [1.0, float("nan")], 5)])
+    assert strategy.report.offenders == [3]  # a check of the reply alone rejected it
+    assert strategy.clients.excluded == (["node3"] if compares else [])
 
 
 def test_refused_state_is_logged_and_recorded(caplog):

@@ -225,8 +225,10 @@ def test_an_all_zero_prototype_or_condensed_set_does_not_make_its_peers_outsized
                                                           np.array([5, 0]))
     assert outliers([zero, honest], None, np.zeros(2, bool), 30.0, 10.0) == {}
     big = (np.float64([[300, 400], [0, 0]]), np.array([5, 0]))
-    assert list(outliers([zero, honest, big], None, np.zeros(2, bool), 30.0, 10.0)) == [2]
+    # (three non-zero holders: fewer set no bar, guard.peer_bar)
+    assert list(outliers([zero, honest, honest, big], None, np.zeros(2, bool), 30.0, 10.0)) \
+        == [3]
     blank = {1: (np.zeros((2, 1, 2, 2), np.float32), np.array([0, 1]))}
     assert outsized([np.ones((2, 1, 2, 2), np.float32)], blank, 30.0) == {}
-    assert list(outsized([np.ones((2, 1, 2, 2)), 100 * np.ones((2, 1, 2, 2))], blank, 30.0)) \
-        == [1]
+    ones = np.ones((2, 1, 2, 2))
+    assert list(outsized([ones, ones, 100 * ones], blank, 30.0)) == [2]

@@ -479,3 +479,62 @@ def test_a_diverging_pretraining_keeps_w0_and_round_1_blames_no_partition(fmnist
     w0 = model_to_arrays(prepare_experiment(compose(["strategy=dcfl", *TINY])).initial_model())
     moved = sum(float(np.sum((arrays[k] - v.numpy()) ** 2)) for k, v in w0.items()) ** 0.5
     assert np.isfinite(moved) and moved < 10  # one honest round from w^0
+
+
+# --- no exclusion on one-against-one evidence (issue 52) ----------------------------------------
+
+# node 4, the attacker, holds class 2 as node 3 alone does: two holders of class 2
+SHARED = {**HISTOGRAMS, 4: [0, 3, 7]}
+
+
+def tiny(node, server_round=1):
+    """The attacker's rows: an honest holder's x 1e-6, the lower median of a two-holder class."""
+    held = np.array(SHARED[node]) > 0
+    return 1e-6 * server_round * held[:, None] * (np.ones((3, 4)) + 0.1 * node)
+
+
+def test_a_tiny_prototype_sharing_a_class_with_one_holder_rejects_nobody(server_task,
+                                                                         monkeypatch):
+    """Under #C=2 an attacker sending its prototypes x 1e-6 was the lower median of the class
+    it shares with node 3, whose reply was then "outsized", rejected and after exclude_after
+    rounds excluded. Two holders set no bar: the class is measured against the round's
+    replies' median norms, which one reply cannot set."""
+    monkeypatch.setattr(fedproto, "survey_problem", lambda *_: None)  # node 4 holds class 2
+    strategy, weights = proto_strategy()
+    for server_round in (1, 2, 3, 4):
+        proto_round(strategy, server_round, weights,
+                    {4: (tiny(4, server_round), SHARED[4])})
+        assert strategy.report.rejected == [], strategy.report.rejected
+    assert strategy.clients.excluded == [] and strategy.guard.strikes == {}
+
+
+def test_a_peer_bar_set_by_one_other_holder_never_strikes(server_task):
+    """Even where a peer bar rejects, exclusion needs evidence of the reply alone."""
+    replies = [(honest_rows(1).astype(np.float32), np.array(HISTOGRAMS[1])),
+               (honest_rows(2).astype(np.float32), np.array(HISTOGRAMS[2])),
+               (1e3 * honest_rows(4).astype(np.float32), np.array(HISTOGRAMS[4]))]
+    bad = fedproto.outliers(replies, None, np.zeros(3, bool), 30.0, 10.0)
+    assert list(bad) == [2] and bad[2][1]  # by a peer bar: no strike (guard.count_offences)
+    two = fedproto.outliers([replies[0], (1e-6 * replies[1][0], replies[1][1])], None,
+                            np.zeros(3, bool), 30.0, 10.0)
+    assert two == {}  # two holders: the tiny one is no bar for the other
+
+
+def test_fedcsd_prototype_phase_refusals_are_recorded_and_count_as_offences(server_task, caplog):
+    """A prototype reply refused in FedCSD's phase before training is logged, recorded in the
+    round's report and strikes its client like any rejected reply: after exclude_after (3)
+    rounds it is excluded and never asked again."""
+    strategy, weights = csd_strategy()
+    steps = strategy.local_training.steps(10)
+    for server_round in (1, 2, 3):
+        with caplog.at_level("WARNING", logger="flwr"):
+            messages = csd_phase(strategy, server_round, weights, {4: (ghost[:, :3], [5, 5, 0])})
+        assert [m.metadata.dst_node_id for m in messages] == [1, 2, 3]
+        strategy.aggregate_train(server_round, [train_reply(n, weights, steps=steps)
+                                                for n in (1, 2, 3)])
+        assert strategy.report.rejected_partitions == ["3"]
+        assert "which the node does not hold" in strategy.report.rejected[0]
+        assert strategy.report.offenders == [4] and strategy.report.clients == 3
+    assert "prototype reply from partition 3 (node 4) rejected" in caplog.text
+    assert strategy.clients.excluded == ["3"]
+    assert "excluded from the rest of the run" in caplog.text

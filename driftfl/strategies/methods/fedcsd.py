@@ -27,6 +27,7 @@ import math
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
+from flwr.common.constant import SUPERLINK_NODE_ID
 from pydantic import Field
 
 from driftfl.common.error_replies import error_reason, log_refused
@@ -136,35 +137,56 @@ class FedCSD(EMATeacher):
     def payload(self) -> dict[str, tuple[int, ...]]:
         return {"prototypes": (self.num_classes, self.num_classes)} if self.one_exchange else {}
 
+    def checked_prototypes(self, reply: Message) -> tuple[np.ndarray, np.ndarray] | str:
+        """(P_k, counts) of a reply, or why they cannot be used (check_prototypes, then the
+        node's data survey)."""
+        node = reply.metadata.src_node_id
+        checked = check_prototypes(reply, self.num_classes, self.clients.count(node))
+        return checked if isinstance(checked, str) else (
+            survey_problem(*checked, self.clients.histograms.get(node)) or checked)
+
     def check_payload(self, update):
-        """Where the release sums every accepted reply's P_k, each is checked first (else
-        ``gather`` checks the P_k it takes)."""
-        if not (self.one_exchange and self.release.sums_payloads):
+        """With one exchange the P_k ride in the train reply: a reply whose P_k fail their
+        checks is rejected whole, as FedProto's."""
+        if not self.one_exchange:
             return None
-        node = update.node_id
-        checked = check_prototypes(update.message, self.num_classes, self.clients.count(node))
-        if isinstance(checked, str):
-            return checked
-        return survey_problem(*checked, self.clients.histograms.get(node))
+        checked = self.checked_prototypes(update.message)
+        return checked if isinstance(checked, str) else None
+
+    def screen(self, updates):
+        """With one exchange, the train replies' P_k against their peers and P_G (as
+        ``gather``'s, prototypes.outliers)."""
+        if not self.one_exchange:
+            return updates
+        bad = outliers([self.checked_prototypes(u.message) for u in updates], self.prototypes,
+                       self.present, self.max_peer_ratio, self.max_update_ratio)
+        for k, (reason, by_peers) in bad.items():
+            self.guard.refuse_reply(self.report, updates[k].node_id, reason, by_peers=by_peers)
+        return [u for k, u in enumerate(updates) if k not in bad]
 
     def gather(self, replies, server_round: int) -> list[int]:
-        """The nodes whose prototypes are usable; P_G from them, unless it is refused."""
+        """The prototype phase's answers: the nodes whose prototypes are usable; P_G from
+        them, unless it is refused. The others are logged now and recorded and counted with
+        the round's train replies (``refused_before``), as any rejected reply."""
         nodes, usable, refused = [], [], []
         for reply in self.clients.in_order(replies):
-            node = reply.metadata.src_node_id
-            checked = check_prototypes(reply, self.num_classes, self.clients.count(node))
-            if not isinstance(checked, str):
-                checked = survey_problem(*checked, self.clients.histograms.get(node)) or checked
+            node, checked = reply.metadata.src_node_id, self.checked_prototypes(reply)
             if isinstance(checked, str):
-                refused.append((self.clients.describe(node), checked))
+                refused.append((node, checked, False))
             else:
                 nodes.append(node)
                 usable.append(checked)
         bad = outliers(usable, self.prototypes, self.present, self.max_peer_ratio,
                        self.max_update_ratio)
-        refused += [(self.clients.describe(nodes[k]), reason) for k, reason in bad.items()]
-        log_refused("prototype", refused)
-        usable = [p for k, p in enumerate(usable) if k not in bad]
+        refused += [(nodes[k], reason, by_peers) for k, (reason, by_peers) in bad.items()]
+        log_refused("prototype", [(self.clients.describe(n), r) for n, r, _ in refused])
+        # (a SuperLink's notice names no client: its node is counted as silent)
+        self.refused_before = [r for r in refused if r[0] != SUPERLINK_NODE_ID]
+        self.update_prototypes([p for k, p in enumerate(usable) if k not in bad], server_round)
+        return [n for k, n in enumerate(nodes) if k not in bad]
+
+    def update_prototypes(self, usable, server_round: int) -> None:
+        """P_G from the usable (P_k, counts), unless the state rule refuses it."""
         if self.aggregation.robust and usable:
             new, present = combined(self.prototype_rule(), usable, self.num_classes,
                                     self.num_classes, by_counts=False)
@@ -179,7 +201,6 @@ class FedCSD(EMATeacher):
             self.guard.refuse_state(self.report, server_round, "FedCSD's prototypes", problem)
         else:
             self.prototypes, self.present = new, present
-        return [n for k, n in enumerate(nodes) if k not in bad]
 
     def prototype_rule(self):
         """The robust rule that makes P_G of the holders' P_k,c, per class, before any model
@@ -219,7 +240,8 @@ class FedCSD(EMATeacher):
             else:
                 self.prototypes, self.present = new
         elif self.one_exchange:  # the P_k of the accepted train replies make the next P_G
-            self.gather([u.message for u in self.last_updates], server_round)
+            self.update_prototypes([self.checked_prototypes(u.message)
+                                    for u in self.last_updates], server_round)
         return arrays, metrics
 
     def knowledge(self, server_round: int) -> dict:

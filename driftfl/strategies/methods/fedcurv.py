@@ -132,12 +132,12 @@ class FedCurv(DriftStrategy):
         size = lambda u: model_norm(self.checked[u.node_id])
         updates = self.guard.peer_screen(self.report, updates, FISHER, size, power=2)
         kept = {**self.norms, **{u.node_id: size(u) for u in updates}}
-        median = guard.nonzero_lower_median(list(kept.values()))
+        median = guard.peer_bar(list(kept.values()))  # (inf: fewer than three set none)
         over = [u for u in updates if not kept[u.node_id] <= self.max_peer_ratio ** 2 * median]
         for u in over:
             self.guard.refuse_reply(self.report, u.node_id, (
                 f"its {FISHER}'s norm {kept[u.node_id]:.3g} is over {self.guard.ratio_text(2)} "
-                f"x the kept nodes' median {median:.3g}"))
+                f"x the kept nodes' median {median:.3g}"), by_peers=True)
         return [u for u in updates if u not in over]
 
     def configure_train(self, server_round, arrays, config, grid):

@@ -130,8 +130,8 @@ class FedProto(DriftStrategy):
         """The prototypes against the round's peers and P_G (prototypes.outliers)."""
         bad = outliers([self.prototypes_of(u) for u in updates], self.prototypes, self.present,
                        self.max_peer_ratio, self.max_update_ratio)
-        for k, reason in bad.items():
-            self.guard.refuse_reply(self.report, updates[k].node_id, reason)
+        for k, (reason, by_peers) in bad.items():
+            self.guard.refuse_reply(self.report, updates[k].node_id, reason, by_peers=by_peers)
         return [u for k, u in enumerate(updates) if k not in bad]
 
     def aggregate_train(self, server_round, replies):

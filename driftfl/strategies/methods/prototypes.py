@@ -10,9 +10,12 @@ one is rejected whole, like a failed check:
   histogram's count per class, and a class the node does not hold has count 0 and a zero row.
 - **Peers.** A held class's prototype norm is at most ``max_peer_ratio`` x the lower median
   of that class's non-zero prototype norms this round, over the replies holding it
-  (``guard.nonzero_lower_median``: one zero prototype must not make every other one outsized);
-  a class that one reply alone holds is measured against the lower median over every held
-  prototype of the round (features and logits of one model have norms of one order).
+  (``guard.peer_bar``: one zero or tiny prototype must not make every other one outsized); a
+  class that fewer than three replies hold with a non-zero row (one holder could set the bar
+  of the other) is measured against the lower median of each reply's median held norm
+  (features and logits of one model have norms of one order; one value a reply, so that a
+  client holding many classes does not set it), and with fewer than three such replies, not
+  at all. A reply refused by this rule is refused by its peers (no strike: guard.py).
 - **Global.** Where the class has a global prototype, ||P_k,c - P_G,c|| may be at most
   ``max_update_ratio`` x max(1, ||P_G,c||), as a model update against the global model.
 
@@ -54,31 +57,33 @@ def survey_problem(prototypes: np.ndarray, counts: np.ndarray,
 
 
 def outliers(replies: Replies, global_prototypes: np.ndarray | None, present: np.ndarray,
-             peer_ratio: float, update_ratio: float) -> dict[int, str]:
-    """Position -> why, for the replies whose held prototypes break the peer or global rule."""
+             peer_ratio: float, update_ratio: float) -> dict[int, tuple[str, bool]]:
+    """Position -> (why, whether a peer bar refused it), for the replies whose held prototypes
+    break the peer or the global rule."""
     if not replies:
         return {}
     norms = np.stack([np.linalg.norm(p.astype(np.float64), axis=1) for p, _ in replies])
     held = np.stack([c > 0 for _, c in replies])
-    pooled = guard.nonzero_lower_median(norms[held].tolist())
-    reasons: dict[int, str] = {}
+    pooled = guard.peer_bar([guard.lower_median(norms[k, held[k]].tolist())
+                             for k in range(len(replies)) if held[k].any()])
+    reasons: dict[int, tuple[str, bool]] = {}
     for c in range(held.shape[1]):
         holders = np.flatnonzero(held[:, c])
-        median = (guard.nonzero_lower_median(norms[holders, c].tolist()) if len(holders) > 1
-                  else pooled)
+        median = guard.peer_bar(norms[holders, c].tolist())
+        median = pooled if np.isinf(median) else median
         for k in holders:
             if not norms[k, c] <= peer_ratio * median:
-                reasons.setdefault(k, f"its class-{c} prototype's norm {norms[k, c]:.3g} is over "
-                                      f"max_peer_ratio={peer_ratio:g} x the round's median "
-                                      f"{median:.3g}")
+                reasons.setdefault(k, (f"its class-{c} prototype's norm {norms[k, c]:.3g} is "
+                                       f"over max_peer_ratio={peer_ratio:g} x the round's "
+                                       f"median {median:.3g}", True))
             elif global_prototypes is not None and present[c]:
                 old = global_prototypes[c].astype(np.float64)
                 moved = float(np.linalg.norm(replies[k][0][c] - old))
                 bound = update_ratio * max(1.0, float(np.linalg.norm(old)))
                 if not moved <= bound:
-                    reasons.setdefault(k, f"its class-{c} prototype is {moved:.3g} from the "
-                                          f"global one, over the bound {bound:.3g} "
-                                          "(max_update_ratio)")
+                    reasons.setdefault(k, (f"its class-{c} prototype is {moved:.3g} from the "
+                                           f"global one, over the bound {bound:.3g} "
+                                           "(max_update_ratio)", False))
     return reasons
 
 

@@ -6,17 +6,19 @@ close that, for the model update and for every payload that feeds strategy state
 Delta c, FedCurv's Fisher, prototypes, DCFL's pre-trained model):
 
 - **Peers.** A payload's norm may be at most ``max_peer_ratio`` times the round's *lower*
-  median of the same payload's nonzero norms (the smaller middle value: with two replies, the
-  smaller one; a copied model sets no bar), so while most replies are honest, one reply cannot
-  outweigh them by size.
+  median of the same payload's nonzero norms (the smaller middle value; a copied model sets no
+  bar), so while most replies are honest, one reply cannot outweigh them by size. Fewer than
+  ``MIN_HOLDERS`` (3) nonzero norms set no bar (``peer_bar``): with two, the smaller one would
+  be the bar, and a client that shrinks its own payload would get its one peer rejected.
 - **State.** A new state replaces the old only when it is finite and has moved by at most
   ``max_update_ratio`` times the smaller of max(1, the old state's norm) and the round's honest
   scale (``move_scale``: what the median client alone would move it by); otherwise the old state
   stays and the refusal is logged and recorded like a rejected reply (``refused_state``).
 - **Weight.** In deployment, where nodes claim their example counts, a reply weighs as at most
   ``max_examples_ratio`` times the lower median of the data survey's counts (``capped``).
-- **Repeat offenders.** A client rejected ``exclude_after`` rounds in a row, while most of each
-  round's replies were used, is excluded from the rest of the run (``count_offences``).
+- **Repeat offenders.** A client whose reply failed a check of that reply alone (not a peer
+  bar) ``exclude_after`` rounds in a row, while most of each round's replies were used, is
+  excluded from the rest of the run (``count_offences``); never under differential privacy.
 
 Screens against peers run only where the round's release allows clients to be compared (never
 under differential privacy: release/). Where clients are not trusted, the replies that pass are
@@ -54,11 +56,22 @@ def nonzero_lower_median(values: Sequence[float]) -> float:
     return lower_median(positive) if positive else 0.0
 
 
+# the fewest nonzero norms that set a peer bar: with two, the smaller alone would be the bar
+MIN_HOLDERS = 3
+
+
+def peer_bar(values: Sequence[float]) -> float:
+    """The bar ``values`` set for each other: their ``nonzero_lower_median`` where at least
+    ``MIN_HOLDERS`` are finite and above 0, else inf (no bar). With three or more, one client
+    cannot be the lower median unless it lies between two others; with two, a client sending
+    a tiny payload would make its one peer "outsized"."""
+    positive = [v for v in values if v > 0 and math.isfinite(v)]
+    return lower_median(positive) if len(positive) >= MIN_HOLDERS else math.inf
+
+
 def peer_outliers(norms: Sequence[float], ratio: float) -> tuple[list[int], float]:
-    """(positions whose norm exceeds ``ratio`` x the lower median of ``norms``, that bound)."""
-    if not norms:
-        return [], math.inf
-    bound = ratio * nonzero_lower_median(norms)  # a copied model (0) sets no bar
+    """(positions whose norm exceeds ``ratio`` x the ``peer_bar`` of ``norms``, that bound)."""
+    bound = ratio * peer_bar(norms)  # a copied model (0) sets no bar
     return [i for i, n in enumerate(norms) if not n <= bound], bound
 
 
@@ -106,17 +119,24 @@ class ReplyGuard:
         self.exclude_after = exclude_after
         self.strikes: dict[str, int] = {}  # client name -> rounds in a row it was rejected
 
-    def refuse_reply(self, report, node: int, reason: str) -> None:
+    def refuse_reply(self, report, node: int, reason: str, *, by_peers: bool = False,
+                     logged: bool = False) -> None:
         """Log and record (in the round's ``report``) that a node's reply is not used; one that
-        failed for want of a resource is logged with the round's others (``log_starved``)."""
+        failed for want of a resource is logged with the round's others (``log_starved``).
+        ``by_peers``: a peer bar refused it, evidence made of other clients' replies, which
+        ``count_offences`` does not count against it; ``logged``: its line was logged when it
+        came (an exchange before training: FedCSD's prototype phase)."""
         report.rejected.append(f"{self.clients.describe(node)}: {reason}")
         report.rejected_partitions.append(self.clients.name(node))
         if resource := resource_of(reason):
-            report.starved.append((self.clients.describe(node), reason))
+            if not logged:
+                report.starved.append((self.clients.describe(node), reason))
             report.failed.append((self.clients.name(node), resource.name))
         else:
-            report.offenders.append(node)
-            log(WARNING, "round reply from %s rejected: %s", self.clients.describe(node), reason)
+            (report.outsized if by_peers else report.offenders).append(node)
+            if not logged:
+                log(WARNING, "round reply from %s rejected: %s", self.clients.describe(node),
+                    reason)
 
     @staticmethod
     def log_starved(report) -> None:
@@ -136,7 +156,8 @@ class ReplyGuard:
             self.refuse_reply(
                 report, updates[i].node_id,
                 f"its {what}'s norm {sizes[i]:.3g} is over {self.ratio_text(power)}"
-                f" x the round's median {bound / ratio:.3g}")
+                f" x the round's median {bound / ratio:.3g}" if math.isfinite(sizes[i])
+                else f"its {what}'s norm is not finite", by_peers=math.isfinite(sizes[i]))
         return [u for i, u in enumerate(updates) if i not in outliers]
 
     def ratio_text(self, power: int = 1) -> str:
@@ -154,18 +175,31 @@ class ReplyGuard:
         """Why a new strategy state must not replace ``old`` (guard.state_problem)."""
         return state_problem(new, old, self.max_update_ratio, floor, scale)
 
-    def count_offences(self, report, answered: set[int]) -> None:
-        """After a round's replies are checked: a client whose reply was rejected (not for want
-        of a resource) while most of the round's replies were used has one more round in a row
-        against it, one that replied and was used none; at ``exclude_after`` it is excluded
-        from the rest of the run, named once. A round that rejects half its replies or more
-        counts against nobody: its model, not its clients, is then the likely cause (honest
-        clients whose model another client broke must not be blamed for it)."""
-        if not self.exclude_after:
+    def count_offences(self, report, answered: set[int], compares_clients: bool = True) -> None:
+        """After a round's replies are checked: a client whose reply failed a check of that
+        reply alone (not for want of a resource), while most of the round's replies were used,
+        has one more round in a row against it; one that replied and was used, none; at
+        ``exclude_after`` it is excluded from the rest of the run, named once.
+
+        A rejection by a peer bar (``report.outsized``) neither counts nor clears a streak: its
+        evidence is other clients' replies, which a client can shape (a tiny payload lowers the
+        bar its peers meet), and exclusion is for good while a rejected reply is never used
+        anyway: a wrong exclusion costs an honest client, a missed one only the work of
+        rejecting the reply each round. A round that rejects half its replies or more counts
+        against nobody: its model, not its clients, is then the likely cause (honest clients
+        whose model another client broke must not be blamed for it).
+
+        Where the release may not compare clients (``compares_clients`` False: differential
+        privacy) nobody is excluded: that half-the-round rule compares them, and without it a
+        model that diverged would exclude every honest client on its own reply alone."""
+        if not self.exclude_after or not compares_clients:
             return
-        outliers = set(report.offenders) if 2 * len(report.offenders) < len(answered) else set()
+        rejected = len(report.offenders) + len(report.outsized)
+        outliers = set(report.offenders) if 2 * rejected < len(answered) else set()
         for node in answered:
             name = self.clients.name(node)
+            if node in report.outsized and node not in outliers:
+                continue  # no evidence of its own either way
             if node not in outliers:
                 self.strikes.pop(name, None)
                 continue
