@@ -9,7 +9,7 @@ import math
 
 import numpy as np
 import pytest
-from flwr.app import Array, ArrayRecord, ConfigRecord
+from flwr.app import Array, ArrayRecord
 
 from driftfl.common.config import compose
 from driftfl.common.protocol import CONTROL_DELTA
@@ -18,8 +18,7 @@ from driftfl.strategies.parts.aggregation import Aggregation
 from driftfl.strategies.parts.bounded import (BoundedAggregation, centred_clip, trust_line,
                                               untrusted)
 from driftfl.strategies.parts.guard import state_problem
-from driftfl.strategies.parts.robust import MedianAggregation
-from test_robust import GLOBAL, reply, updates
+from test_robust import GLOBAL, updates
 from test_scaffold_feddyn import honest, scaffold_strategy, start_round
 
 
@@ -54,7 +53,9 @@ def test_the_models_are_bounded_before_the_mean():
     centre, tau = np.array([0.95, 0.95]), math.hypot(0.05, 0.15)
     moves = [u.arrays["w"].astype(np.float64) - 1.0 for u in bounded]
     assert all(np.linalg.norm(m - centre) <= tau + 1e-6 for m in moves)
-    assert np.allclose(moves[3], centre - tau / math.sqrt(2))  # on the sphere, towards (-9, -9)
+    # towards (-9, -9), within tau (its sum over the rounds, this first round, bounded too:
+    # test_history.py)
+    assert np.all(moves[3] < centre) and np.linalg.norm(moves[3] - centre) <= tau
     assert np.allclose(moves[0], [1.0, 1.0])  # within tau: as sent
     assert list(rule.clipped) == [2, 4]  # (1.2, 0.9) was 0.269 from the centre
     mean = rule.aggregate(bounded, GLOBAL)["w"]

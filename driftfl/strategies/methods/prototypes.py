@@ -153,8 +153,9 @@ def combined(aggregation, replies: Replies, num_classes: int, dim: int,
     for c in range(num_classes):
         holders = [k for k, (_, counts) in enumerate(replies) if counts[c] > 0]
         weights = np.array([replies[k][1][c] if by_counts else 1.0 for k in holders], np.float64)
-        merged = aggregation.combine([{"p": replies[k][0][c]} for k in holders], weights,
+        name = f"class-{c}"  # (trust=none keeps each class's history apart: bounded.py)
+        merged = aggregation.combine([{name: replies[k][0][c]} for k in holders], weights,
                                      among=holders) if holders else {}
         if merged:
-            out[c], present[c] = merged["p"], True
+            out[c], present[c] = merged[name], True
     return out, present

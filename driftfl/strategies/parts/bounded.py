@@ -30,6 +30,7 @@ import numpy as np
 
 from driftfl.strategies.parts.aggregation import Aggregation, ClientUpdate, update_norm
 from driftfl.strategies.parts.guard import nonzero_lower_median
+from driftfl.strategies.parts.history import History
 
 Vectors = list[dict[str, np.ndarray]]
 
@@ -37,8 +38,15 @@ Vectors = list[dict[str, np.ndarray]]
 def centred_clip(vectors: Vectors, ratio: float) -> tuple[Vectors, list[float]]:
     """(the vectors moved to within tau of their coordinate-wise median, each one's factor
     min(1, tau / distance)); float64, floating arrays only (others are left as they are)."""
+    out, factors, _ = clip_about_median(vectors, ratio)
+    return out, factors
+
+
+def clip_about_median(vectors: Vectors, ratio: float
+                      ) -> tuple[Vectors, list[float], dict[str, np.ndarray] | None]:
+    """``centred_clip``'s (vectors, factors) and the centre (None: fewer than 3 vectors)."""
     if len(vectors) < 3:
-        return vectors, [1.0] * len(vectors)
+        return vectors, [1.0] * len(vectors), None
     keys = [k for k, v in vectors[0].items() if v.dtype.kind == "f"]
     centre = {k: np.median(np.stack([v[k] for v in vectors]), axis=0).astype(np.float64)
               for k in keys}
@@ -52,7 +60,7 @@ def centred_clip(vectors: Vectors, ratio: float) -> tuple[Vectors, list[float]]:
         else:
             out.append({**v, **{k: centre[k] + f * (v[k].astype(np.float64) - centre[k])
                                 for k in keys}})
-    return out, factors
+    return out, factors, centre
 
 
 class BoundedAggregation(Aggregation):
@@ -68,6 +76,8 @@ class BoundedAggregation(Aggregation):
         self.inner = inner
         self.clip_ratio = clip_ratio
         self.clipped: dict[int, float] = {}  # node -> factor, of the last aggregate's replies
+        self.history = History(lambda vectors: centred_clip(vectors, clip_ratio))
+        self.nodes: list[int] = []  # the last bound replies' nodes, in their order
 
     def meet(self, clients):
         self.inner.meet(clients)
@@ -84,7 +94,8 @@ class BoundedAggregation(Aggregation):
     def bound_updates(self, updates: list[ClientUpdate], global_arrays):
         moves = [{k: u.arrays[k].astype(np.float64) - global_arrays[k] for k in global_arrays
                   if global_arrays[k].dtype.kind == "f"} for u in updates]
-        bounded, factors = centred_clip(moves, self.clip_ratio)
+        self.nodes = [u.node_id for u in updates]
+        bounded, factors = self.bound_history("model", self.nodes, moves)
         self.clipped = {u.node_id: f for u, f in zip(updates, factors) if f < 1.0}
         return [u if f == 1.0 else replace(u, arrays={
             **u.arrays, **{k: (global_arrays[k] + m[k]).astype(u.arrays[k].dtype)
@@ -94,7 +105,31 @@ class BoundedAggregation(Aggregation):
         return self.inner.aggregate(updates, global_arrays)  # bounded in ``bound_updates``
 
     def combine(self, payloads, weights, among=None):
-        return self.inner.combine(self.bound(payloads), weights, among)
+        """The method's formula on the payloads bounded in the round and over the rounds
+        (history.py): a payload's history is named by its keys (prototypes.combined names
+        each class's), its client by its position in the last bound replies."""
+        positions = range(len(payloads)) if among is None else among
+        if len(self.nodes) < len(payloads) or max(positions, default=0) >= len(self.nodes):
+            return self.inner.combine(self.bound(payloads), weights, among)  # no replies known
+        stream = "payload:" + ",".join(payloads[0])
+        return self.inner.combine(self.bound_history(
+            stream, [self.nodes[i] for i in positions], payloads)[0], weights, among)
+
+    def bound_history(self, stream: str, nodes: list[int], vectors: Vectors
+                      ) -> tuple[Vectors, list[float]]:
+        """The vectors bounded in their round (``centred_clip``) and then each node's sum of
+        them over the rounds of ``stream`` (``History``); each one's smaller factor."""
+        bounded, factors, centre = clip_about_median(vectors, self.clip_ratio)
+        if centre is None:
+            return bounded, factors
+        bounded, summed = self.history.bound(stream, nodes, bounded, centre)
+        return bounded, [min(f, g) for f, g in zip(factors, summed)]
+
+    def standalone(self):
+        """Payloads combined before the round's replies are bounded (FedCSD's prototype
+        phase) are bounded in their round only: their clients' positions are not the last
+        bound replies'."""
+        return BoundedAggregation(self.inner.standalone(), self.clip_ratio)
 
     def bound(self, payloads: Vectors) -> Vectors:
         return centred_clip(payloads, self.clip_ratio)[0]
