@@ -141,16 +141,19 @@ def launch_simulation(cfg: ExperimentConfig, overrides: list[str], run_dir: Path
     except HostFailed as err:
         print(f"driftfl: error: {err}", file=sys.stderr)
         return EXIT_CODES["failed"]
-    except (SystemExit, KeyboardInterrupt) as stopped:  # `finally` stops the SuperLink
-        if shared:  # the sweep stops here: its host goes with it
-            host.close()
+    except (SystemExit, KeyboardInterrupt) as stopped:
+        # the run's process ends before its directory is read: a stop that lands while the
+        # last rounds finish must not report the checkpoint it was about to overwrite (a
+        # sweep's shared host goes too: the sweep stops here)
+        host.close()
         print(f"driftfl: stopped; {saved(run_dir, overrides)}", file=sys.stderr)
         # one line, no traceback: Ctrl-C exits 130 as a shell expects
         code = stopped.code if isinstance(stopped, SystemExit) else 128 + signal.SIGINT
         raise SystemExit(code) from None
     finally:
         # a finished run has written every file: what Ray and Flower would tidy on a
-        # SIGTERM (4-6 s of it) is of no use, so the rest is killed after a second
+        # SIGTERM (4-6 s of it) is of no use, so the rest is killed after a second (a stopped
+        # one's host is closed already: closing again does nothing)
         if not shared:
             host.close(quick=finished)
     return run_outcome(run_dir, overrides, f"see the log above and {host.log}")
@@ -236,12 +239,15 @@ def not_completed(run_dir: Path, overrides: list[str], advice: str) -> str:
 def saved(run_dir: Path, overrides: list[str]) -> str:
     """What ``run_dir`` holds of a stopped run, as the run directory says: its results (the
     server had finished), the checkpoint of its last complete round and how to go on from
-    there, or nothing."""
+    there, or nothing. Read once the run's process has ended (``launch_simulation``)."""
     from driftfl.server.checkpoint import CHECKPOINT, saved_round
 
     summary = run_dir / "summary.json"
     if summary.is_file():
-        status = json.loads(summary.read_text()).get("status")
+        try:
+            status = json.loads(summary.read_text()).get("status")
+        except (OSError, ValueError, AttributeError):
+            return f"its summary.json cannot be read; what the run wrote is in {run_dir}"
         return f"the run had finished ({status}); its results are in {run_dir}"
     found = saved_round(run_dir)
     if found is None:

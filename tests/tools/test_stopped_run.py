@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 
 from driftfl.host import flwr_env
 from driftfl.launch import not_completed, saved
@@ -66,3 +67,53 @@ def test_a_private_ray_keeps_its_files_in_the_runs_scratch_folder(monkeypatch, t
     # a shared cluster (simulation.ray_address) is joined as named; its files are its own
     env = flwr_env(str(tmp_path), "127.0.0.1:6379")
     assert env["RAY_ADDRESS"] == "127.0.0.1:6379" and env["RAY_TMPDIR"] == "/tmp"
+
+
+class FinishingHost:
+    """A host whose run finishes its last round while it is being stopped: the checkpoint says
+    round 2 of 3 when the stop lands, summary.json is there once ``close`` returns."""
+
+    env, flwr_home, log = {}, None, "superlink.log"
+
+    def __init__(self, run_dir):
+        self.run_dir, self.closed = run_dir, 0
+
+    def start(self, resume):
+        checkpoint_after(self.run_dir, 2)
+
+    def close(self, quick=False):
+        if not self.closed:
+            checkpoint_after(self.run_dir, 3)
+            (self.run_dir / "summary.json").write_text(json.dumps({"status": "completed"}))
+        self.closed += 1
+
+
+def test_a_stop_while_the_last_round_finishes_names_the_completed_run(monkeypatch, tmp_path,
+                                                                      capsys):
+    """The stop's line is formed after the run's process ended (issue 52: it said "saved after
+    round 2 of 3, go on with resume" of a completed run, whose resume is then refused)."""
+    import driftfl.host
+    import driftfl.launch as launch
+    from driftfl.common.config import compose
+
+    host = FinishingHost(tmp_path)
+    monkeypatch.setattr(driftfl.host, "host_for", lambda *_: (host, False))
+    monkeypatch.setattr(launch, "check_launch", lambda *_: None)
+    monkeypatch.setattr(launch.signal, "signal", lambda *_: None)
+
+    def interrupted(*_, **__):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(launch, "follow", interrupted)
+    with pytest.raises(SystemExit):
+        launch.launch_simulation(compose(OVERRIDES[:2]), OVERRIDES, tmp_path)
+    err = capsys.readouterr().err
+    assert f"driftfl: stopped; the run had finished (completed); its results are in {tmp_path}" \
+        in err and "go on with" not in err
+    assert host.closed >= 1
+
+
+def test_an_unreadable_summary_is_named_not_a_traceback(tmp_path):
+    (tmp_path / "summary.json").write_text('{"status": "compl')
+    assert saved(tmp_path, OVERRIDES) == \
+        f"its summary.json cannot be read; what the run wrote is in {tmp_path}"
