@@ -92,7 +92,28 @@ def test_untrusted_clients_get_the_bounded_rule_and_deployment_is_untrusted_by_d
     elif deployed:
         assert line.startswith("driftfl: warning: trust=clients")
     else:
-        assert line == ""
+        assert line == ("driftfl: clients trusted (trust=auto in simulation): each method's own "
+                        "formula, so one client can steer the model and the method's state "
+                        "without limit; trust=none bounds each client's influence")
+
+
+@pytest.mark.parametrize("deployed", [True, False])
+def test_two_untrusted_clients_are_told_no_bound_is_possible_and_what_a_liar_weighs(
+        deployed, server_task):
+    """centred_clip leaves two replies as sent; in deployment a node claiming 10^7 examples
+    against its peer's count is capped at 10 x that count: 10 / 11 of the mean."""
+    from test_scaffold_feddyn import tiny_model
+    cfg = check_experiment(compose(["trust=none", "num_clients=2"]))
+    strategy = build_strategy(cfg, tiny_model(), claims_counts=deployed)
+    line = trust_line(cfg, strategy.aggregation, deployed)
+    assert line.startswith("driftfl: warning: clients not trusted (trust=none), but with 2 "
+                           "clients a round no bound is possible")
+    assert "without limit" in line and "3 clients a round or more are bounded" in line
+    assert ("weighs up to 10 / (10 + 1) = 90.9% of the mean (max_examples_ratio=10) unless "
+            "owners= declares its count" in line) is deployed
+    cfg = check_experiment(compose(["trust=none", "num_clients=3"]))
+    assert "no bound" not in trust_line(cfg, build_strategy(cfg, tiny_model()).aggregation,
+                                        deployed)
 
 
 @pytest.mark.parametrize("overrides, reason", [

@@ -31,6 +31,7 @@ import numpy as np
 from driftfl.strategies.parts.aggregation import Aggregation, ClientUpdate, update_norm
 from driftfl.strategies.parts.guard import nonzero_lower_median
 from driftfl.strategies.parts.history import History
+from driftfl.strategies.parts.robust import replies_per_round
 
 Vectors = list[dict[str, np.ndarray]]
 
@@ -168,20 +169,42 @@ def bounded_for(cfg, aggregation: Aggregation, deployed: bool) -> Aggregation:
 
 
 def trust_line(cfg, aggregation: Aggregation, deployed: bool) -> str:
-    """The run's line on whose replies are trusted, where that is not the simulation's default
-    ("": trusted clients in simulation, each method's formula as its paper has it)."""
+    """The run's line on whose replies are trusted and what bounds them (every run has one:
+    trusted clients in simulation are said to be trusted, with what trust=none would change)."""
     if not untrusted(cfg, deployed):
         if not deployed:
-            return ""
+            return (f"driftfl: clients trusted (trust={cfg.trust} in simulation): each method's "
+                    "own formula, so one client can steer the model and the method's state "
+                    "without limit; trust=none bounds each client's influence")
         return ("driftfl: warning: trust=clients: each method averages as its paper does, so "
                 "one client inside the checks can steer the model and the method's state; "
                 "trust=none (the default here) bounds each client's influence")
+    if isinstance(aggregation, BoundedAggregation) and replies_per_round(cfg) < 3:
+        return too_few_to_bound(cfg, deployed)
     if not isinstance(aggregation, BoundedAggregation):
         warning = "warning: " if cfg.secagg.enabled and not cfg.privacy.enabled else ""
         return (f"driftfl: {warning}clients not trusted (trust={cfg.trust}); "
                 f"{where_unbounded(cfg, aggregation)}")
     return (f"driftfl: clients not trusted (trust={cfg.trust}): each client's update and every "
             f"payload that feeds the method's state are moved to within {cfg.clip_ratio:g} x "
-            "the round's median distance of the clients' median before the method's own "
-            "formula, so one client moves them by at most its weight x that distance; the "
-            "paper's plain mean would let it move them without limit")
+            "the round's median distance of the clients' median, and each client's sum of "
+            "them over the rounds within the same bound of the others' sums, before the "
+            "method's own formula, so one client moves them by at most its weight x that "
+            "distance over the run; a round with fewer than 3 replies is used as sent; the "
+            "paper's plain mean would let one client move them without limit")
+
+
+def too_few_to_bound(cfg, deployed: bool) -> str:
+    """The line of an untrusted run with fewer than 3 clients a round: no bound is possible
+    (two replies cannot show which of them is honest), and where nodes claim their example
+    counts, what one that lies gets: r / (r + n - 1) of the mean (the cap is r x the lower
+    median count, the honest one's with two)."""
+    n, r = replies_per_round(cfg), cfg.max_examples_ratio
+    liar = (f"; a node claiming more examples than it holds weighs up to {r:g} / ({r:g} + "
+            f"{n - 1}) = {r / (r + n - 1):.1%} of the mean (max_examples_ratio={r:g}) unless "
+            "owners= declares its count" if deployed and n > 1 else "")
+    return (f"driftfl: warning: clients not trusted (trust={cfg.trust}), but with {n} "
+            f"client{'s' if n != 1 else ''} a round no bound is possible (two replies cannot "
+            "show which of them is honest): each reply is used as sent, so one client can "
+            f"steer the model and the method's state without limit{liar}; 3 clients a round or "
+            "more are bounded")
