@@ -30,7 +30,7 @@ from driftfl.strategies import DriftStrategy
 from driftfl.strategies.parts.aggregation import to_numpy, to_record
 from driftfl.strategies.parts.bounded import trust_line
 
-from . import checkpoint, console
+from . import checkpoint, console, ledger
 from .client_eval import client_figures, client_rows, spread_columns
 from .experiment import Experiment, prepare_experiment
 from .federation import Federation
@@ -100,12 +100,16 @@ def run_experiment(grid: Grid, experiment: Experiment, run_dir: Path, run_id: in
     strategy = build_strategy(cfg, model, experiment.aux_set(model),
                               claims_counts=federation.claims_counts)
     saved = checkpoint.load(run_dir, cfg, model, strategy) if resume else None
+    # what a stopped DP run released after its checkpoint: charged again on top of it
+    unfinished = ledger.unfinished(run_dir, strategy.release, saved["round"]) if saved else []
     recorder = RunRecorder(run_dir, cfg, run_id, saved)
     # what every message to a client carries: the experiment and how to read its data
     experiment_record = ConfigRecord({EXPERIMENT: cfg.to_json(),
                                       DATASET_META: experiment.meta.to_json()})
     clients = federation.meet(experiment_record, experiment.partition_histograms)
     moved = checkpoint.restore(strategy, saved, clients) if saved else {}
+    if unfinished:
+        strategy.release.lost.extend(unfinished)
     strategy.meet(clients)
     if cfg.secagg.enabled:
         check_weights(cfg.secagg, clients, unweighted=not strategy.release.weighs_examples)
@@ -149,6 +153,8 @@ def run_experiment(grid: Grid, experiment: Experiment, run_dir: Path, run_id: in
         federation.grid.take()  # the data survey again: round 0's row counted it once already
         print(f"driftfl: resuming {run_dir} after round {saved['round']} of {cfg.rounds}",
               flush=True)
+        if charged := ledger.charged_line(unfinished):
+            print(charged, flush=True)
     recorder.begin_rounds(time.time() - launched)  # round 1 is timed as every later round
     evaluator.round_started = time.perf_counter()
     print(f"driftfl: start-up {console.duration(recorder.startup_seconds)} "
@@ -158,6 +164,7 @@ def run_experiment(grid: Grid, experiment: Experiment, run_dir: Path, run_id: in
 
     def after_round(server_round: int, arrays: ArrayRecord) -> None:
         latest["arrays"] = arrays
+        ledger.record(run_dir, strategy.release)  # before the checkpoint: never behind it
         checkpoint.save(run_dir, server_round, to_numpy(arrays), strategy, recorder.rows,
                         recorder.arrays, recorder.total_seconds(), cfg)
         if stop := stop_reason(recorder.rows, cfg.max_rounds_without_reply,
@@ -171,9 +178,11 @@ def run_experiment(grid: Grid, experiment: Experiment, run_dir: Path, run_id: in
                    num_rounds=cfg.rounds, timeout=cfg.round_timeout,
                    train_config=experiment_record,
                    evaluate_config=ConfigRecord(dict(experiment_record)),
-                   evaluate_fn=evaluator, after_round=after_round, secagg=cfg.secagg)
+                   evaluate_fn=evaluator, after_round=after_round, secagg=cfg.secagg,
+                   before_train=lambda r: ledger.charge(run_dir, strategy.release, r))
     except (ConfigError, RunStopped) as err:  # the roster: fewer than min_clients connected;
         stopped = str(err)                    # or rounds in a row without a usable reply
+    ledger.record(run_dir, strategy.release)  # a round stopped after it went out stays charged
     load_arrays(model, latest["arrays"])
     rows = recorder.rows
     best = max(rows, key=lambda r: r["test_accuracy"])

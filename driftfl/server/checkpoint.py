@@ -53,9 +53,10 @@ VERSION = 3  # 1 was the pickle of earlier driftfl, refused unread; 2 kept the s
 #              on the strategy itself, not in its clients part
 # strategy attributes that belong to one round (the replies, the round's report, the round
 # plan's assignments, drawn afresh from the seed each round; a DP release's diagnostics, kept in
-# the rows) or to one process (the roster holds the grid): made afresh, never saved
+# the rows; the charge of the round going out, in the privacy ledger) or to one process (the
+# roster holds the grid): made afresh, never saved
 TRANSIENT = frozenset({"train_messages", "last_updates", "report", "payload_sum", "released",
-                       "plan", "diagnostics", "clipped"})
+                       "plan", "diagnostics", "clipped", "pending"})
 KEYS = ("format", "version", "round", "config", "arrays", "strategy", "rng", "rows",
         "recorded", "seconds")
 ROW_NUMBERS = ("round", "test_accuracy", "test_loss", "model_updated", "bytes_sent",

@@ -273,7 +273,8 @@ def secure_train_round(strategy: DriftStrategy, grid: Grid, settings: SecAggSett
                for m in strategy.clients.in_order(wire.collected)]
     answered = {m.metadata.src_node_id for m in wire.collected} | set(wire.rejected)
     arrays, _ = strategy.aggregate_train(server_round, SecureSum(
-        updates, dict(wire.rejected), answered, mean, payload_sum, halted))
+        updates, dict(wire.rejected), answered, mean, payload_sum, halted,
+        unmasked=adapter.mean_update is not None))
     if held:
         log(WARNING, "round %d: %s", server_round, held)
         strategy.report.held = held

@@ -99,7 +99,7 @@ def test_central_noise_has_the_stated_scale_and_comes_from_the_operating_system(
     assert abs(noise.mean()) < 0.05
     again = release.release(1, facts(4), zero).mean_update
     assert not np.array_equal(first[0], again[0])
-    assert set(state_of(release)) == {"spent", "clip"}  # no noise seed is kept
+    assert set(state_of(release)) == {"spent", "lost", "clip"}  # no noise seed is kept
 
 
 def test_central_adds_noise_when_no_reply_is_accepted():

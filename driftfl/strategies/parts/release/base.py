@@ -65,7 +65,10 @@ class SecureSum:
     answered: set[int]  # every node whose collect-stage reply arrived
     mean_update: list[np.ndarray] | None  # the float arrays' weighted mean; None: no sum
     payload_sum: dict[str, np.ndarray] | None = None
-    halted: str = ""  # why no sum was unmasked
+    halted: str = ""  # why no sum was released
+    # the server unmasked the sum (and so has seen it) even though it releases nothing: a
+    # sum that failed the range check after the unmask stage
+    unmasked: bool = False
 
 
 @dataclass
@@ -184,6 +187,16 @@ class Release:
         """The round's privacy columns for metrics.csv (none without DP)."""
         return {}
 
+    def charge(self, server_round: int) -> None:
+        """Charge round ``server_round`` as its messages go out (nothing without DP)."""
+
+    def settle(self) -> None:
+        """After a round: a charge its release did not replace stays charged."""
+
+    def charged(self) -> list[dict]:
+        """Every release charged so far, one dict each (none without DP)."""
+        return []
+
     def stop_before(self, server_round: int) -> str | None:
         """Why round ``server_round`` must not run (None: it may)."""
         return None
@@ -227,6 +240,11 @@ class PrivateRelease(Release):
         # per round released: [round, the sampling rate credited, the noise multipliers of
         # its Gaussian sums (the update's, the payload's, ...)]
         self.spent: list[list[float]] = []
+        # releases of rounds that a stopped run sent again after its resume, as ``spent``: the
+        # first sending's clients drew fresh noise and replied, and the server may have seen it
+        self.lost: list[list[float]] = []
+        # the round going out, charged at its worst until its release replaces it (``charge``)
+        self.pending: list[float] | None = None
         # per round released: what says why the run learns or not (``diagnose``)
         self.diagnostics: dict[int, dict[str, float]] = {}
 
@@ -302,7 +320,8 @@ class PrivateRelease(Release):
         return True
 
     def rounds(self, upto: int) -> tuple:
-        return tuple(round_of(entry[1], entry[2:]) for entry in self.spent if entry[0] <= upto)
+        return tuple(round_of(entry[1], entry[2:]) for entry in self.spent + self.lost
+                     if entry[0] <= upto)
 
     def epsilon(self, upto: int) -> float:
         """Epsilon at delta of every round released up to round ``upto``."""
@@ -315,8 +334,38 @@ class PrivateRelease(Release):
         return add_noise(arrays, std)
 
     def spend(self, server_round: int, rate: float, *sigmas: float) -> None:
-        self.spent = [e for e in self.spent if e[0] != server_round]  # a round counts once
+        """Record what round ``server_round`` released (its charge at send is replaced)."""
+        self.pending = None
         self.spent.append([float(server_round), float(rate), *map(float, sigmas)])
+
+    def charge(self, server_round: int) -> None:
+        """Charge the round at its worst (``planned``) as its messages go out: the clients
+        noise afresh and reply whether or not the run lives to record the release, so a run
+        stopped before its checkpoint has released the round once more than the checkpoint
+        says (server/ledger.py keeps this charge on disk until the round is recorded)."""
+        rate, sigmas = self.planned()
+        self.pending = [float(server_round), float(rate), *map(float, sigmas)]
+
+    def settle(self) -> None:
+        if self.pending is not None:  # the round ended without a release: charged as sent
+            self.spent.append(self.pending)
+            self.pending = None
+
+    def charged(self) -> list[dict]:
+        """Every release charged so far (the ledger's entries): the recorded ones, those of
+        rounds sent again after a stop, and the round going out."""
+        names = ["dp_sigma", *self.stream_names]
+
+        def entry(e: list[float], outcome: str) -> dict:
+            if outcome == "released" and not any(map(math.isfinite, e[2:])):
+                outcome = "nothing released"
+            return {"round": int(e[0]), "q": e[1], "sigmas": dict(zip(names, e[2:])),
+                    "outcome": outcome}
+
+        return sorted([entry(e, "released") for e in self.spent]
+                      + [entry(e, "sent again after a stop") for e in self.lost]
+                      + ([entry(self.pending, "going out")] if self.pending else []),
+                      key=lambda e: e["round"])
 
     def planned(self) -> tuple[float, tuple[float, ...]]:
         """The rate and multipliers of a round at its worst, for predictions."""
@@ -339,11 +388,13 @@ class PrivateRelease(Release):
                 f"stops after round {server_round - 1} (epsilon {spent:.3g})")
 
     def columns(self, server_round: int) -> dict[str, float]:
-        entry = next((e for e in self.spent if e[0] == server_round), None)
+        entry = next((e for e in reversed(self.spent) if e[0] == server_round), None)
         out = {"epsilon": self.epsilon(server_round)}
         if entry is not None:
             out.update({"dp_q": entry[1], "dp_sigma": entry[2]})
             out.update(dict(zip(self.stream_names, entry[3:])))
+            # more than 1: the round was sent again after a stop, each sending charged
+            out["dp_releases"] = sum(e[0] == server_round for e in self.spent + self.lost)
         out.update(self.diagnostics.get(server_round, {}))
         return out
 

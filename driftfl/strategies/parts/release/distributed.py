@@ -100,8 +100,10 @@ class DistributedRelease(PrivateRelease):
 
     def release(self, server_round, facts, updates, secure=None):
         count = len(updates)
-        if secure is not None and secure.mean_update is None:  # nothing was unmasked
-            self.spend(server_round, 1.0, *[math.inf] * (2 if self.payload else 1))
+        if secure is not None and secure.mean_update is None:  # nothing is released ...
+            # ... but a sum the server unmasked and then withheld was seen: charged as released
+            sigma = self.sigma_of(count) if secure.unmasked else math.inf
+            self.spend(server_round, 1.0, *[sigma] * (2 if self.payload else 1))
             return Released(updates, withheld=secure.halted)
         sigma = self.sigma_of(count)
         self.spend(server_round, 1.0, *[sigma] * (2 if self.payload else 1))
