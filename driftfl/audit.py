@@ -16,6 +16,7 @@ import argparse
 import io
 import json
 import sys
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -30,6 +31,10 @@ from driftfl.common.untrusted import (UnsafeFile, npz_arrays, read_bytes, read_t
 # before a file made by someone else could exhaust it
 MAX_SHIPPED_IMAGES = 10_000
 MAX_SHIPPED_BYTES = 64 * 2**20
+# what a client's own data file (--data) may declare: a partition of any dataset driftfl knows,
+# even as float32, is well below it; it bounds the audit's memory before a file made by someone
+# else (a few KB of zeros inflating to gigabytes) could exhaust it
+MAX_CLIENT_DATA_BYTES = 2 * 2**30
 USAGE = "driftfl audit RUN_DIR [--data DIR] [--threshold T]"
 SPLIT_HINT = "pass --data DIR with the client-<k>.npz files `driftfl split` wrote"
 
@@ -132,16 +137,28 @@ class FolderData:
         self.folder = folder
 
     def check(self, names: list[str]) -> None:
+        """ConfigError for a client's file that is missing or is no archive of arrays within
+        MAX_CLIENT_DATA_BYTES, by what its members declare (nothing is inflated yet)."""
         for name in names:
             path = self.folder / f"client-{name}.npz"
             if not path.is_file():
                 raise ConfigError(f"{path} is missing: --data names the folder `driftfl split` "
                                   f"wrote, with client-<k>.npz for each client")
+            try:
+                npz_arrays(path, MAX_CLIENT_DATA_BYTES)
+            except UnsafeFile as err:
+                raise ConfigError(f"{path} {err}; {SPLIT_HINT}") from None
 
     def __call__(self, name: str) -> np.ndarray:
         from driftfl.common.loaders import read_npz
 
-        return channels_last(read_npz(self.folder / f"client-{name}.npz")[0])
+        path = self.folder / f"client-{name}.npz"
+        try:  # (check passed: no member inflates past what it declares)
+            return channels_last(read_npz(path)[0])
+        except (OSError, ValueError, EOFError, zipfile.BadZipFile) as err:
+            if isinstance(err, ConfigError):
+                raise
+            raise ConfigError(f"cannot read {path}: {type(err).__name__}: {err}") from None
 
 
 def client_counts(run_dir: Path) -> dict[str, int]:

@@ -89,8 +89,21 @@ def check_labels(values: list[str], key: str, target: str | None,
     return set(only)
 
 
+def linked_part(out: Path) -> Path | None:
+    """The first symbolic link among ``out`` and the folders its name spells above it (a
+    relative name's; an absolute name's: ``out`` alone, since a link higher up, a cluster's
+    /home, is the system's, not the report's to refuse)."""
+    parts = [*reversed(out.parents), out] if not out.is_absolute() else [out]
+    return next((p for p in parts if p != Path(".") and p.is_symlink()), None)
+
+
 def writable(out: Path) -> None:
-    """Creates ``out`` and writes a file there and takes it back, or refuses in one line."""
+    """Creates ``out`` and writes a file there and takes it back, or refuses in one line: a
+    report is never written through a link (one to a folder would put it wherever the link's
+    maker chose)."""
+    if link := linked_part(out):
+        fail(f"--out {out}: {link} is a symbolic link; driftfl never writes through one "
+             "(name the folder itself, or choose another --out)")
     if out.exists() and not out.is_dir():
         fail(f"--out {out} is a file; name a directory for report.md, .csv and .png")
     try:

@@ -239,6 +239,43 @@ def test_audit_reads_a_deployed_runs_data_from_the_files_split_wrote(run_dir, tm
     assert report["overall"]["share"] == 1.0
 
 
+def test_audit_refuses_a_truncated_or_inflating_data_file_in_one_line(run_dir, tmp_path, capsys,
+                                                                    monkeypatch):
+    """--data's files are bounded as the run directory's: what their members declare is read
+    before any is inflated (issue 52: a 390 KB file took 500 MB, a truncated one a traceback)."""
+    import driftfl.audit
+    from driftfl.audit import main
+
+    config = yaml.safe_load((run_dir / "config.yaml").read_text())
+    (run_dir / "config.yaml").write_text(yaml.safe_dump({**config, "superlink": "fleet"}))
+    shares = tmp_path / "shares"
+    shares.mkdir()
+    for k in range(3):
+        with np.load(run_dir / "images" / f"client_{k}.npz") as shipped:
+            np.savez(shares / f"client-{k}.npz", x=shipped["x"][:, None], y=shipped["y"])
+    whole = (shares / "client-1.npz").read_bytes()
+    (shares / "client-1.npz").write_bytes(whole[:len(whole) // 2])
+    with pytest.raises(SystemExit) as stopped:
+        main([str(run_dir), "--data", str(shares)])
+    assert stopped.value.code == 2
+    out, err = capsys.readouterr()
+    assert err == (f"driftfl: error: {shares / 'client-1.npz'} is not an .npz archive of arrays "
+                   "(BadZipFile); pass --data DIR with the client-<k>.npz files `driftfl split` "
+                   "wrote\n") and out == ""
+
+    monkeypatch.setattr(driftfl.audit, "MAX_CLIENT_DATA_BYTES", 2**20)  # (2 GiB in use)
+    np.savez_compressed(shares / "client-1.npz", x=np.zeros((4096, 1, 28, 28), np.float32),
+                        y=np.zeros(4096, np.int64))  # 12 MiB of zeros in a few KB
+    assert (shares / "client-1.npz").stat().st_size < 2**16
+    with pytest.raises(SystemExit) as stopped:
+        main([str(run_dir), "--data", str(shares)])
+    assert stopped.value.code == 2
+    assert capsys.readouterr().err == (
+        f"driftfl: error: {shares / 'client-1.npz'} declares 12 MiB of arrays, more than the "
+        "1 MiB it can hold here; pass --data DIR with the client-<k>.npz files `driftfl split` "
+        "wrote\n")
+
+
 def test_audit_refuses_what_it_cannot_measure_in_one_line(run_dir, tmp_path):
     def audit(*args):
         out = subprocess.run([driftfl_bin(), "audit", *map(str, args)], capture_output=True,

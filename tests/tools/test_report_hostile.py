@@ -50,6 +50,23 @@ def test_report_never_writes_through_a_symbolic_link(name, tmp_path, capsys):
     assert victim.read_text() == "keep me" and outputs(out) == [name]
 
 
+@pytest.mark.parametrize("link", ["out", "linked/out"])
+def test_report_never_writes_through_a_linked_out_folder(link, tmp_path, capsys, monkeypatch):
+    """--out a link to a folder (or, in a relative name, under one) would put the report
+    wherever the link's maker chose (issue 52): refused in one line, nothing written."""
+    write_run(tmp_path / "runs" / "a", "fedavg", [0.1, 0.5])
+    elsewhere = tmp_path / "elsewhere"
+    (elsewhere / "out").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    first = link.split("/")[0]
+    (tmp_path / first).symlink_to(elsewhere / "out" if first == link else elsewhere)
+    err = refused(capsys, [str(tmp_path / "runs"), "--out", link])
+    assert f"--out {link}: {first} is a symbolic link; driftfl never writes through one" in err
+    assert list((elsewhere / "out").iterdir()) == []
+    err = refused(capsys, [str(tmp_path / "runs"), "--out", str(tmp_path / first)])
+    assert f"{tmp_path / first} is a symbolic link" in err  # absolute: the folder itself
+
+
 @pytest.mark.parametrize("name", ["config.yaml", "metrics.json", "summary.json"])
 def test_a_linked_file_is_refused_and_its_target_never_echoed(name, tmp_path, capsys):
     write_run(tmp_path / "a", "fedavg", [0.1, 0.5])
