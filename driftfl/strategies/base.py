@@ -62,7 +62,7 @@ from driftfl.strategies.parts.release import (Release, Released, RoundFacts, Sec
                                               build_release)
 from driftfl.strategies.parts.round_plan import RoundPlan
 from driftfl.strategies.registry import Method, register
-from driftfl.strategies.round_report import RoundReport, lost_to_superlink
+from driftfl.strategies.round_report import RoundReport, lost_to_superlink, superlink_failures
 from driftfl.strategies.parts.selection import ExploredClients, Selection
 from driftfl.strategies.settings import StrategySettings
 
@@ -327,9 +327,12 @@ class DriftStrategy(FedAvg):
         replies = [] if secure is not None else list(replies)
         answered = (secure.answered if secure is not None
                     else {msg.metadata.src_node_id for msg in replies})
+        failures = superlink_failures(replies, self.train_messages)  # neither late nor lost
         self.report = report = RoundReport.of_round(
-            self.trained, answered, lost_to_superlink(replies, self.train_messages),
-            self.plan.dropped, self.clients.name)
+            self.trained, answered | set(failures),
+            lost_to_superlink(replies, self.train_messages), self.plan.dropped, self.clients.name)
+        for node, reason in failures.items():
+            self.guard.superlink_failed(report, node, reason)
         for node, reason, by_peers in self.refused_before:  # logged when they came
             self.guard.refuse_reply(report, node, reason, by_peers=by_peers, logged=True)
         answered = answered | {node for node, _, _ in self.refused_before}

@@ -5,8 +5,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from flwr.app import Message
+from flwr.app import Error, Message
 from flwr.common.constant import SUPERLINK_NODE_ID, ErrorCode
+
+from driftfl.common.error_replies import error_reason
 
 
 @dataclass
@@ -54,13 +56,27 @@ class RoundReport:
                    dropped=[name(n) for n in dropped])
 
 
+def superlink_notices(replies: list[Message], sent: list[Message]) -> dict[int, Error]:
+    """The SuperLink's own error replies, by the node whose message ``sent`` they answer."""
+    sent_to = {m.metadata.message_id: m.metadata.dst_node_id for m in sent
+               if m.metadata.message_id}
+    return {sent_to[msg.metadata.reply_to_message_id]: msg.error for msg in replies
+            if msg.has_error() and msg.metadata.src_node_id == SUPERLINK_NODE_ID
+            and msg.metadata.reply_to_message_id in sent_to}
+
+
 def lost_to_superlink(replies: list[Message], sent: list[Message]) -> set[int]:
     """The nodes the SuperLink reported unavailable: its error reply answers the message
     ``sent`` to the node. (Whether the other silent nodes are still connected is the
     federation's to settle.)"""
-    sent_to = {m.metadata.message_id: m.metadata.dst_node_id for m in sent
-               if m.metadata.message_id}
-    return {sent_to[msg.metadata.reply_to_message_id] for msg in replies
-            if msg.has_error() and msg.metadata.src_node_id == SUPERLINK_NODE_ID
-            and msg.error.code == ErrorCode.NODE_UNAVAILABLE
-            and msg.metadata.reply_to_message_id in sent_to}
+    return {node for node, error in superlink_notices(replies, sent).items()
+            if error.code == ErrorCode.NODE_UNAVAILABLE}
+
+
+def superlink_failures(replies: list[Message], sent: list[Message]) -> dict[int, str]:
+    """Node -> why, for the messages the SuperLink itself failed (any notice of its own but
+    "node unavailable": its database locked, a reply's objects lost): the SuperLink's fault,
+    neither the node's nor lateness."""
+    return {node: "the SuperLink failed: " + error_reason(error).removeprefix("error reply: ")
+            for node, error in superlink_notices(replies, sent).items()
+            if error.code != ErrorCode.NODE_UNAVAILABLE}

@@ -136,6 +136,31 @@ def test_a_node_that_sent_nothing_back_and_disconnected_is_lost_not_rejected_and
     assert federation.lost == [12]  # the roster waits for it before the next round
 
 
+def test_a_superlink_error_is_reported_as_the_superlinks_not_as_late(caplog):
+    """The SuperLink's own error (its database locked) for the message sent to node 12 was
+    counted as silence, so node 12 was "late" (issue 52): it is named as what it is, no
+    offence of the node's."""
+    from driftfl.strategies.round_report import superlink_failures
+
+    locked = Message(metadata=superlink_error("sent-to-12").metadata,
+                     error=Error(code=ErrorCode.UNKNOWN, reason="database is locked"))
+    strategy = surveyed(FedAvg(), CLIENTS)
+    sent_train_messages(strategy, [10, 11, 12])
+    assert superlink_failures([locked], strategy.train_messages) == {
+        12: "the SuperLink failed: database is locked"}
+    federation = deployed(ChangingGrid([10, 11, 12]))
+    with caplog.at_level("WARNING", logger="flwr"):
+        updates = strategy.accept([train_reply(10, [2.0, 2.0], 5),
+                                   train_reply(11, [1.0, 3.0], 5), locked])
+        federation.settle(strategy)
+    report = strategy.report
+    assert [u.node_id for u in updates] == [10, 11]
+    assert report.late == [] and report.lost == [] and report.offenders == []
+    assert report.failed == [("2", "the SuperLink failed: database is locked")]
+    assert "failed: the SuperLink failed: database is locked" in caplog.text
+    assert "late" not in caplog.text
+
+
 def test_the_superlinks_error_reply_names_a_lost_node_that_is_connected_again():
     """An authenticated node that died mid-round and came back under its id before the round
     ended: only the SuperLink's error reply, in reply to the message sent to it, tells."""

@@ -138,6 +138,14 @@ class ReplyGuard:
                 log(WARNING, "round reply from %s rejected: %s", self.clients.describe(node),
                     reason)
 
+    def superlink_failed(self, report, node: int, reason: str) -> None:
+        """Log and record that the SuperLink failed the node's message (round_report's
+        ``superlink_failures``): not used, named as what it is, no offence of the node's."""
+        report.rejected.append(f"{self.clients.describe(node)}: {reason}")
+        report.rejected_partitions.append(self.clients.name(node))
+        report.failed.append((self.clients.name(node), reason))
+        log(WARNING, "round reply from %s failed: %s", self.clients.describe(node), reason)
+
     @staticmethod
     def log_starved(report) -> None:
         """One line for the round's replies that failed for want of a resource."""
