@@ -2,21 +2,28 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 from dataclasses import dataclass
 
 import torch
-from flwr.app import Context, Message
+from flwr.app import ConfigRecord, Context, Message, MessageType
 
 from driftfl.common.blas import one_blas_thread
 from driftfl.common.config import ExperimentConfig
+from driftfl.common.errors import ConfigError
+from driftfl.common.privacy_floor import floor_refusal
 from driftfl.common.models import DriftModel, build_model
-from driftfl.common.protocol import (ASSIGNED_PARTITION, CONFIG, DATASET_META, EXPERIMENT,
-                                     NUM_PARTITIONS, SERVER_ROUND, DatasetMeta, load_arrays)
+from driftfl.common.protocol import (ASSIGNED_PARTITION, CONFIG, DATA_SUMMARY, DATASET_META,
+                                     EXPERIMENT, NUM_PARTITIONS, SERVER_ROUND, DatasetMeta,
+                                     load_arrays)
 
 from . import node
 from .caps import check_caps
 from .data import LocalData, local_data
+from .secure import is_secagg
+
+PINNED = "driftfl.experiment"  # the node's state record: the digest of the run's experiment
 
 
 @dataclass
@@ -35,8 +42,10 @@ class ClientJob:
                 and node.in_simulation()):  # the server's assignment (server/simulated.py)
             allowed = allowed.model_copy(update={"partition_id": int(config[ASSIGNED_PARTITION]),
                                                  "num_partitions": int(config[NUM_PARTITIONS])})
+        pin_experiment(context, str(config[EXPERIMENT]) + str(config[DATASET_META]))
         experiment = ExperimentConfig.from_json(str(config[EXPERIMENT]))
         meta = DatasetMeta.from_json(str(config[DATASET_META]))
+        check_floor(msg, experiment, allowed)
         check_caps(msg, experiment, meta, allowed)  # before reading data or training
         # the thread count changes float sums: a simulated client's cores, or the operator's
         one_blas_thread()  # NumPy's vector work (DP's clip and noise) gains nothing from more
@@ -65,3 +74,33 @@ class ClientJob:
 
     def tensors(self) -> tuple[torch.Tensor, torch.Tensor]:
         return self.data.x.to(self.device), self.data.y.to(self.device)
+
+
+def pin_experiment(context: Context, experiment: str) -> None:
+    """Keep the run's first experiment (a digest in the node's state for the run); refuse a
+    message that carries another: a server must not lower the privacy, or change what it asks,
+    once a run has begun."""
+    digest = hashlib.sha256(experiment.encode()).hexdigest()
+    pinned = context.state.config_records.get(PINNED)
+    if pinned is None:
+        context.state[PINNED] = ConfigRecord({"sha256": digest})
+    elif pinned["sha256"] != digest:
+        raise ConfigError("the server sent another experiment than this run's first message "
+                          "did; a node keeps the first experiment of a run: refused")
+
+
+def check_floor(msg: Message, experiment: ExperimentConfig, allowed: node.NodeConfig) -> None:
+    """ConfigError where the message asks for less privacy than the node accepts: its
+    operator's --node-config, or in simulation its partition's entry in
+    simulation.node_floors (every simulated node is the experimenter's own). The data survey
+    passes: what it discloses is the same under every privacy setting (docs/privacy.md), and
+    a node refused later is one the run counts as a dropout, not a run that cannot start."""
+    if msg.metadata.message_type.endswith(f".{DATA_SUMMARY}"):
+        return
+    floor = allowed
+    floors = experiment.simulation.node_floors
+    if node.in_simulation() and str(allowed.partition_id) in floors:
+        floor = floors[str(allowed.partition_id)]
+    training = msg.metadata.message_type == MessageType.TRAIN
+    if refusal := floor_refusal(floor, experiment, is_secagg(msg) if training else None):
+        raise ConfigError(f"{refusal}: refused")

@@ -1,8 +1,8 @@
 """What a node's operator allows, and whether this node is a simulated one.
 
-In deployment the node's data and limits come only from the operator's ``--node-config`` (a
-SuperNode's own command line); nothing in a message chooses a path, starts a download or
-raises a limit. In simulation every node belongs to the person running the experiment, so it
+In deployment the node's data, limits and privacy floor come only from the operator's
+``--node-config`` (a SuperNode's own command line); nothing in a message chooses a path, starts
+a download, raises a limit or lowers the floor. In simulation every node belongs to the person running the experiment, so it
 reads the experiment's dataset as the server names it.
 """
 
@@ -16,7 +16,8 @@ from pydantic import Field, model_validator
 
 from driftfl.common.datasets import DATASETS, OwnDataSettings
 from driftfl.common.errors import ConfigError, lookup
-from driftfl.common.settings import Settings, nearest, validated
+from driftfl.common.privacy_floor import PrivacyFloor
+from driftfl.common.settings import nearest, validated
 
 # The one task that runs a ClientApp in Flower's simulation: the Ray backend's actor method
 # (flwr/simulation/ray_transport/ray_actor.py, started by server/superlink/fleet/vce).
@@ -52,9 +53,11 @@ def _key(name: str, **constraints: Any):
     return Field(None, alias=name, **constraints)
 
 
-class NodeConfig(Settings):
+class NodeConfig(PrivacyFloor):
     """A SuperNode's ``--node-config``, checked. Values arrive typed by Flower's parser (TOML:
-    ``max-parameters=1_000_000`` is an int, ``dataset='fmnist'`` a string, ``true`` a bool)."""
+    ``max-parameters=1_000_000`` is an int, ``dataset='fmnist'`` a string, ``true`` a bool).
+    Beside its data and caps, the least privacy it accepts (``min-privacy``, ...:
+    driftfl.common.privacy_floor)."""
 
     # which data: a partition (simulation, or with `dataset` in deployment) or its own files
     partition_id: int | None = _key("partition-id", ge=0)

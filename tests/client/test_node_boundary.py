@@ -304,9 +304,10 @@ def test_flowers_parser_types_the_keys_as_the_node_config_expects():
 @pytest.mark.parametrize("config, expected", [
     ({"max-epochs": 3}, "unknown --node-config key 'max-epochs' (did you mean "
                         "max-local-epochs?); valid keys: data-dir, dataset, dataset-download, "
-                        "dataset-root, max-batch-size, max-condense-iterations, "
-                        "max-local-epochs, max-parameters, num-partitions, partition-id, "
-                        "threads"),
+                        "dataset-root, max-batch-size, max-clip, max-cohort, "
+                        "max-condense-iterations, max-local-epochs, max-parameters, "
+                        "min-noise-multiplier, min-privacy, num-partitions, partition-id, "
+                        "require-secagg, threads"),
     ({"data-dir": "/x", "max-local-epochs": "5"},
      "--node-config max-local-epochs must be a whole number, got '5'"),
     ({"dataset": "fmnist"}, "--node-config dataset='fmnist' needs partition-id=<i> "
