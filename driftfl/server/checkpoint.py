@@ -320,7 +320,7 @@ def restore(strategy, state: dict, clients: list[dict]) -> dict[int, int]:
     saved = state["strategy"].get("clients", {}).get("node_rank", {})
     moved = {old: now[p] for old, p in saved.items()
              if isinstance(p, int) and p in now and now[p] != old}
-    strategy.rekey(moved)
+    strategy.follow_clients(moved)
     return moved
 
 

@@ -224,7 +224,13 @@ class DriftStrategy(FedAvg):
     def rejoin(self, clients: list[dict], moved: dict[int, int]) -> None:
         """Clients came back under new node ids (old -> new): meet them all again."""
         self.meet(clients)
+        self.follow_clients(moved)
+
+    def follow_clients(self, moved: dict[int, int]) -> None:
+        """State kept by node id, the method's and its aggregation's, follows its client to a
+        new node id (old -> new)."""
         self.rekey(moved)
+        self.aggregation.rekey(moved)
 
     def rekey(self, moved: dict[int, int]) -> None:
         """State kept by node id follows its client to a new node id (old -> new): a restarted

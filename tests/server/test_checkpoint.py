@@ -31,7 +31,7 @@ pytestmark = pytest.mark.slow  # tampered checkpoints refused by real `driftfl` 
 
 # what the CLI runs with, and the in-process run that leaves a checkpoint after round 1 of 2
 SMALL = ["model=mlp", "dataset.subset=600", "dataset.test_subset=200", "rounds=2",
-         "num_clients=2"]
+         "num_clients=2", "trust=clients"]  # resumed in simulation as it ran in-process
 
 
 class Payload:

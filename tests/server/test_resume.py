@@ -96,9 +96,12 @@ def test_a_run_stopped_in_its_last_round_and_resumed_ends_as_the_uninterrupted_o
 
 def test_a_different_experiment_or_a_finished_run_is_refused_with_one_line(
         tmp_path, fmnist_available, server_task):
+    # trust=clients: checkpoint.check builds the strategy a simulated resume would, and this
+    # run's in-process nodes count as deployed (trust=auto would bound them, keeping state)
     with pytest.raises(Stopped):
-        run_experiment(StoppingGrid(nodes(100), stop=2), experiment("fedavg"), tmp_path, 1)
-    other = experiment("fedavg", "lr=0.01", "round_timeout=60")
+        run_experiment(StoppingGrid(nodes(100), stop=2), experiment("fedavg", "trust=clients"),
+                       tmp_path, 1)
+    other = experiment("fedavg", "trust=clients", "lr=0.01", "round_timeout=60")
     with pytest.raises(ConfigError, match=r"cannot resume .*: its experiment differs in "
                                           r"lr \(0.05 there, 0.01 here\); a resumed run keeps "
                                           r"the settings it ran with \(its config.yaml\) but "
@@ -108,8 +111,9 @@ def test_a_different_experiment_or_a_finished_run_is_refused_with_one_line(
         checkpoint.check(tmp_path / "nothing", other)
     with pytest.raises(ConfigError, match=r"all 1 rounds are done; more with rounds=<more "
                                           r"than 1>$"):
-        checkpoint.check(tmp_path, experiment("fedavg", "rounds=1"))
-    assert checkpoint.check(tmp_path, experiment("fedavg", "round_timeout=60"))["round"] == 1
+        checkpoint.check(tmp_path, experiment("fedavg", "trust=clients", "rounds=1"))
+    assert checkpoint.check(tmp_path, experiment("fedavg", "trust=clients",
+                                                 "round_timeout=60"))["round"] == 1
 
 
 def test_a_finished_run_given_more_rounds_ends_as_the_longer_run(tmp_path, fmnist_available,

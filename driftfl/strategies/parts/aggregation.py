@@ -223,6 +223,9 @@ class Aggregation:
         """What the data survey found (node_id, partition_id, num_examples, label_histogram
         per client), before the first round; FedDisco keeps the histograms."""
 
+    def rekey(self, moved: dict[int, int]) -> None:
+        """State kept by node id follows its client to a new node id (old -> new)."""
+
     def reject(self, update: ClientUpdate) -> str | None:
         """Why this rule cannot use a reply that passed the common checks (None: it can)."""
         return None

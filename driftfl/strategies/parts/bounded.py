@@ -83,6 +83,10 @@ class BoundedAggregation(Aggregation):
     def meet(self, clients):
         self.inner.meet(clients)
 
+    def rekey(self, moved):
+        self.inner.rekey(moved)
+        self.history.rekey(moved)
+
     def reject(self, update):
         return self.inner.reject(update)
 
