@@ -56,6 +56,11 @@ class PrivacySettings(Settings):
         "distributed: the fewest clients whose noise shares make sigma, a count or a share in "
         "(0, 1] of the clients a round selects (0.8: 8 of 10); a round with fewer releases "
         "nothing"))
+    exact_diagnostics: bool = Field(False, description=(
+        "central: record each round's exact median update norm and share clipped "
+        "(dp_median_norm, dp_clipped_share) in the console, metrics and summary; they are a "
+        "function of that round's clients' data with no noise on them, not covered by "
+        "epsilon: keep those outputs private"))
     adaptive_clip: bool = Field(False, description=(
         "central: adaptive clipping (Andrew et al., 2021): C starts at clip and follows the "
         "target_quantile of the update norms, C <- C exp(-clip_lr (b - target_quantile)), b the "
@@ -88,6 +93,10 @@ class PrivacySettings(Settings):
         if self.name == "distributed" and stray & ADAPTIVE:
             raise ValueError("privacy.adaptive_clip is for privacy=central: under distributed "
                              "each client would send whether it was clipped in the clear")
+        if self.name == "distributed" and self.exact_diagnostics:
+            raise ValueError("privacy.exact_diagnostics is for privacy=central: under "
+                             "distributed the server never sees an update before its client "
+                             "clipped and noised it")
         if self.name == "central" and "min_survivors" in stray:
             raise ValueError("privacy.min_survivors is for privacy=distributed: under central "
                              "the server adds all the noise itself")

@@ -40,9 +40,14 @@ def distributed(per_round: int, **settings) -> DistributedRelease:
                               per_round=per_round)
 
 
-def test_central_reports_the_exact_median_norm_and_share_clipped_beside_the_released_norm():
-    release = central(10, clip=1.0, noise_multiplier=0.0)
-    release.release(1, facts(10), [moved(0, 0.5), moved(1, 2.0), moved(2, 3.0)])
+def test_central_reports_the_exact_median_norm_and_share_clipped_only_when_asked():
+    replies = [moved(0, 0.5), moved(1, 2.0), moved(2, 3.0)]
+    quiet = central(10, clip=1.0, noise_multiplier=0.0)
+    quiet.release(1, facts(10), replies)
+    assert "dp_median_norm" not in quiet.columns(1)  # exact, not covered: opt-in
+    assert "dp_clipped_share" not in quiet.summary()["dp_last_round"]
+    release = central(10, clip=1.0, noise_multiplier=0.0, exact_diagnostics=True)
+    release.release(1, facts(10), replies)
     row = release.columns(1)
     assert row["dp_median_norm"] == pytest.approx(2.0)
     assert row["dp_clipped_share"] == pytest.approx(2 / 3)  # 2.0 and 3.0 exceed C = 1

@@ -99,8 +99,8 @@ class CentralRelease(PrivateRelease):
         shapes = [facts.global_arrays[k].shape for k in keys]
         total = self.noise(server_round, summed(clipped, shapes), sigmas[0] * self.clip)
         mean = [t / self.expected for t in total]
-        self.diagnose(server_round, mean, sigmas[0] * self.clip / self.expected, norms,
-                      self.clip)
+        self.diagnose(server_round, mean, sigmas[0] * self.clip / self.expected,
+                      norms if s.exact_diagnostics else None, self.clip)
         payload = self.payload_terms(updates, facts, s.payload_clip)
         if payload is not None:
             payload = dict(zip(payload, self.noise(server_round, list(payload.values()),
