@@ -98,7 +98,7 @@ def check_floor(msg: Message, experiment: ExperimentConfig, allowed: node.NodeCo
     if msg.metadata.message_type.endswith(f".{DATA_SUMMARY}"):
         return
     floor = allowed
-    floors = experiment.simulation.node_floors
+    floors = experiment.simulation.node_floors or {}
     if node.in_simulation() and str(allowed.partition_id) in floors:
         floor = floors[str(allowed.partition_id)]
     training = msg.metadata.message_type == MessageType.TRAIN

@@ -50,11 +50,11 @@ class SimulationSettings(Settings):
     client_gpus: float = Field(0.0, ge=0, le=1, description=(
         "GPU share per simulated client (0.5: two clients per GPU at a time); needs "
         "device=cuda; a client trains on one GPU"))
-    node_floors: dict[str, PrivacyFloor] = Field({}, description=(
+    node_floors: dict[str, PrivacyFloor] | None = Field(None, description=(
         "per partition id ('3'), the least privacy that simulated node accepts, as a deployed "
         "node's --node-config sets it (min-privacy, min-noise-multiplier, max-clip, "
         "max-cohort, require-secagg): a message asking for less is refused there and counts "
-        "as its dropout; deployed nodes never read it"))
+        "as its dropout; deployed nodes never read it; null: none"))
     ray_address: str | None = Field(None, description=(
         "an existing Ray cluster to run the clients on: auto, or its head's <host>:<port> as "
         "`ray start --head` prints it; null: a private Ray instance on this machine"))
@@ -62,9 +62,7 @@ class SimulationSettings(Settings):
     @field_validator("node_floors", mode="before")
     @classmethod
     def _partition_ids(cls, value: Any) -> Any:
-        if value is None:  # conf/config.yaml's default, so that an override needs no '+'
-            return {}
-        if not isinstance(value, Mapping):
+        if not isinstance(value, Mapping):  # None: no floors (an override then needs no '+')
             return value
         if bad := [k for k in value if not str(k).isdigit()]:
             raise ValueError(f"simulation.node_floors is keyed by partition id (0, 1, ...), "
