@@ -140,12 +140,17 @@ def saved_round(run_dir: Path) -> tuple[int, int] | None:
 
 def check(run_dir: Path, experiment) -> dict:
     """``load`` against a model and strategy built for ``experiment`` (a prepared Experiment),
-    as the run will build them: for the checks before a run is launched."""
+    as the run will build them, and a DP run's privacy ledger: for the checks before a run is
+    launched."""
     from driftfl.methods import build_strategy
 
+    from . import ledger
+
     model = experiment.initial_model()
-    return load(run_dir, experiment.cfg, model,
-                build_strategy(experiment.cfg, model, experiment.aux_set(model)))
+    strategy = build_strategy(experiment.cfg, model, experiment.aux_set(model))
+    saved = load(run_dir, experiment.cfg, model, strategy)
+    ledger.unfinished(run_dir, strategy.release, saved["round"])  # a DP run's ledger, too
+    return saved
 
 
 def malformed(state: Any) -> str | None:

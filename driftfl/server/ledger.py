@@ -28,6 +28,10 @@ FORMAT = "driftfl privacy ledger"
 ADVICE = "resume another run directory, or run without resume= to start afresh"
 
 
+def _refused(run_dir: Path, problem: str) -> ConfigError:
+    return ConfigError(f"cannot resume {run_dir}: its {LEDGER} {problem}; {ADVICE}")
+
+
 def _body(delta: float, releases: list[dict]) -> bytes:
     return json.dumps({"delta": delta, "releases": releases}, sort_keys=True).encode()
 
@@ -65,17 +69,21 @@ def unfinished(run_dir: Path, release, saved_round: int) -> list[list[float]]:
     try:
         ledger = json.loads(read_text(path))
     except FileNotFoundError:
-        raise ConfigError(f"{path} is missing: a run under differential privacy cannot be "
-                          f"resumed without the ledger of what it released; {ADVICE}") from None
+        raise _refused(run_dir, "is missing: a run under differential privacy cannot go on "
+                       "without the ledger of what it released") from None
     except (OSError, UnsafeFile, ValueError) as err:
-        raise ConfigError(f"{path} cannot be read ({err}); {ADVICE}") from None
+        raise _refused(run_dir, f"cannot be read ({err})") from None
     if not (isinstance(ledger, dict) and ledger.get("format") == FORMAT
             and isinstance(ledger.get("releases"), list) and isinstance(ledger.get("hmac"), str)):
-        raise ConfigError(f"{path} is not a driftfl privacy ledger; {ADVICE}")
-    expected = seal.tag(_body(ledger.get("delta"), ledger["releases"]), _key(path)).hex()
+        raise _refused(run_dir, "is not a driftfl privacy ledger")
+    try:
+        secret = seal.key()
+    except seal.Unsealed as err:
+        raise _refused(run_dir, str(err)) from None
+    expected = seal.tag(_body(ledger.get("delta"), ledger["releases"]), secret).hex()
     if not hmac.compare_digest(expected, ledger["hmac"]):
-        raise ConfigError(f"{path} does not verify with this machine's checkpoint key: it was "
-                          f"changed after driftfl wrote it; {ADVICE}")
+        raise _refused(run_dir, "does not verify with this machine's checkpoint key: it was "
+                       "changed after driftfl wrote it")
     names = ["dp_sigma", *release.stream_names]
     out = []
     for entry in ledger["releases"]:
@@ -84,18 +92,11 @@ def unfinished(run_dir: Path, release, saved_round: int) -> list[list[float]]:
         sigmas = entry["sigmas"]
         if list(sigmas) != names or not all(isinstance(s, (int, float)) and s > 0
                                             for s in sigmas.values()):
-            raise ConfigError(f"{path} charges round {entry['round']} with {sigmas}, not this "
-                              f"experiment's {', '.join(names)}; {ADVICE}")
+            raise _refused(run_dir, f"charges round {entry['round']} with {sigmas}, not this "
+                           f"experiment's {', '.join(names)}")
         out.append([float(entry["round"]), float(entry["q"]),
                     *(float(sigmas[n]) for n in names)])
     return out
-
-
-def _key(path: Path) -> bytes:
-    try:
-        return seal.key()
-    except seal.Unsealed as err:
-        raise ConfigError(f"{path} {err}") from None
 
 
 def charged_line(entries: list[list[float]]) -> str:

@@ -120,13 +120,20 @@ def test_a_ledger_changed_or_missing_refuses_the_resume_in_one_line(
                        run_id=1)
     path = tmp_path / ledger.LEDGER
     book = read_ledger(tmp_path)
+    assert checkpoint.check(tmp_path, experiment())["round"] == 1  # the CLI's check passes
     book["releases"] = book["releases"][:1]  # the lost sending dropped
     path.write_text(json.dumps(book))
+    changed = (f"cannot resume {tmp_path}: its privacy_ledger.json does not verify with this "
+               "machine's checkpoint key: it was changed after driftfl wrote it; resume another "
+               "run directory, or run without resume= to start afresh")
+    with pytest.raises(ConfigError) as refused:
+        checkpoint.check(tmp_path, experiment())  # before a run is launched
+    assert str(refused.value) == changed
     with pytest.raises(ConfigError, match="does not verify"):
         run_experiment(InProcessGrid(nodes(200)), experiment(), tmp_path, run_id=2, resume=True)
     path.unlink()
-    with pytest.raises(ConfigError, match="is missing"):
-        run_experiment(InProcessGrid(nodes(200)), experiment(), tmp_path, run_id=2, resume=True)
+    with pytest.raises(ConfigError, match="its privacy_ledger.json is missing"):
+        checkpoint.check(tmp_path, experiment())
 
 
 def test_a_secure_sum_unmasked_then_withheld_is_charged_as_released():
