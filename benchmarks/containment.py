@@ -26,7 +26,8 @@ pointed against learning:
 honest replies (benchmarks/_attacks.py: "a little is enough" with the colluding and the own
 view, inner-product manipulation, a vector just inside trust=none's bound); ``--attackers``
 makes partitions 0 .. A-1 attack together (default 1 of 5, 2 of 10 for those), ``--cases``
-runs some columns only:
+runs some columns only (``absent_none``: trust=none with the attackers silent, what the others
+reach without their data, the reference for a bound that cannot use it):
 
     .venv/bin/python benchmarks/containment.py --attack alie --clients 5 10 --seeds 0 1 2 \
         --cases after honest_none --methods scaffold fedavg --out alie.jsonl
@@ -241,7 +242,8 @@ def final_accuracy(overrides: list[str], attacked: bool | str, attack: str = "pu
 
 
 CASES = (("honest", "clients", False), ("absent", "clients", "absent"),
-         ("before", "clients", True), ("after", "none", True), ("honest_none", "none", False))
+         ("before", "clients", True), ("after", "none", True), ("honest_none", "none", False),
+         ("absent_none", "none", "absent"))
 
 
 def containment(methods, clients, seeds, out: Path, attack: str = "push",
