@@ -31,6 +31,15 @@ def lower_median(values: list[float]) -> float:
     return values[(len(values) - 1) // 2] if values else 0.0
 
 
+
+def carrying(own: list, honest: list, name: str) -> tuple[list, list, list]:
+    """(the attackers' replies that carry record ``name``, those records' arrays, the honest
+    replies' arrays of it)."""
+    mine = [r for r in own if name in r.content.array_records]
+    return (mine, [arrays_of(r.content.array_records[name]) for r in mine],
+            [arrays_of(r.content.array_records[name]) for r in honest
+             if name in r.content.array_records])
+
 class Forger:
     """One attack's forged vector from the honest ones (flattened float64 arrays)."""
 
@@ -136,12 +145,9 @@ class RoundAttacker:
 
     def prototypes(self, name: str, own: list, honest: list) -> None:
         from flwr.app import Array, ArrayRecord
-        mine = [r for r in own if name in r.content.array_records]
+        mine, ours, others = carrying(own, honest, name)
         if not mine:
             return
-        others = [arrays_of(r.content.array_records[name]) for r in honest
-                  if name in r.content.array_records]
-        ours = [arrays_of(r.content.array_records[name]) for r in mine]
         forged = {}
         for c in range(ours[0]["prototypes"].shape[0]):
             held = [p["prototypes"][c].astype(np.float64) for p in ours if p["counts"][c] > 0]
@@ -160,12 +166,9 @@ class RoundAttacker:
     def condensed(self, own: list, honest: list) -> None:
         from flwr.app import Array, ArrayRecord
         from driftfl.common.protocol import CONDENSED
-        mine = [r for r in own if CONDENSED in r.content.array_records]
+        mine, ours, sets = carrying(own, honest, CONDENSED)
         if not mine:
             return
-        sets = [arrays_of(r.content.array_records[CONDENSED]) for r in honest
-                if CONDENSED in r.content.array_records]
-        ours = [arrays_of(r.content.array_records[CONDENSED]) for r in mine]
         forged = {}
         for c in np.unique(np.concatenate([s["labels"] for s in ours])):
             held = [im.astype(np.float64).ravel() for s in ours
