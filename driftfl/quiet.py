@@ -4,7 +4,9 @@ and warnings about settings driftfl chose on purpose reach the console through `
 client's lines as the client printed them, without the prefix Ray puts before a worker's
 output ("(ClientAppActor pid=4242) "). A Ray process that crashes (a signal, an abseil "Mutex
 corrupt", a failed check) dumps its stack there, some 30 lines forwarded under its name:
-``Crashes`` makes that one driftfl line."""
+``Crashes`` makes that one driftfl line. Flower's tracebacks of a simulation that raised
+(``Failures``) and of a simulated client that raised (``ClientFailures``) become one line each,
+with what was raised."""
 
 from __future__ import annotations
 
@@ -96,19 +98,13 @@ def relay(lines: Iterable[str], verbose: bool, out=None, last: str | None = None
     return True after the first line that starts with ``last``, when given (False: the lines
     ended without it)."""
     out = out or sys.stdout
-    crashes, failures, left_out = Crashes(), Failures(), False
+    crashes, folds, left_out = Crashes(), (Failures(), ClientFailures()), False
     live = LiveLine(out)
     for line in lines:
         if seen is not None and (started := STARTED_RUN.search(ANSI.sub("", line))):
             seen["run_id"] = started.group(1)  # what `flwr stop` needs, should the user stop
-        if not verbose:
-            folded = failures.line(line)
-            if folded is not None:  # inside Flower's traceback: at most its one line
-                if folded:
-                    live.write(folded)
-                continue
-            if pending := failures.close():
-                live.write(pending)
+        if not verbose and fold_into(folds, line, live):
+            continue  # inside a Flower traceback: at most its one line
         shown = line if verbose else crashes.line(line)
         # (a blank line after one left out belongs to it)
         if shown is None and not is_noise(line) and not (left_out and not line.strip()):
@@ -118,9 +114,30 @@ def relay(lines: Iterable[str], verbose: bool, out=None, last: str | None = None
         left_out = not shown
         if last and ANSI.sub("", line).startswith(last):
             return True
-    if pending := failures.close():
-        live.write(pending)
+    for fold in folds:
+        if pending := fold.close():
+            live.write(pending)
     return False
+
+
+def fold_into(folds, line: str, live) -> bool:
+    """Whether one of the ``folds`` (Failures, ClientFailures) took ``line`` into its report;
+    a report that ``line`` ends is written as its one line first."""
+    for fold in folds:
+        folded = fold.line(line)
+        if folded is not None:
+            if folded:
+                live.write(folded)
+            return True
+        if pending := fold.close():
+            live.write(pending)
+    return False
+
+
+def in_traceback(text: str) -> bool:
+    """Whether ``text`` continues a Python traceback (its frames, its chained causes)."""
+    return (not text.strip() or text.startswith((" ", "\t", "Traceback"))
+            or bool(TRACEBACK_TALK.match(text) or EXCEPTION.match(text)))
 
 
 class Failures:
@@ -139,8 +156,7 @@ class Failures:
             return ""
         if self.block is None:
             return None
-        if not text.strip() or text.startswith((" ", "\t", "Traceback")) or \
-                TRACEBACK_TALK.match(text) or EXCEPTION.match(text):
+        if in_traceback(text):
             self.block.append(text)
             return ""
         return None  # the report ended; the caller closes it
@@ -156,6 +172,47 @@ class Failures:
                   "runs at once" if RAY_START.search(cause) else "")
         return f"driftfl: the simulation failed: {cause[:300]}{advice} (verbose=true shows " \
                "Flower's traceback)\n"
+
+
+# Flower's report of an exception a simulated client raised: the Ray actor's traceback, then
+# the simulation engine's, some 110 lines for one error reply whose reason the server logs too
+CLIENT_RAISED = re.compile(r"^ERROR\s*:\s+(ray::ClientAppActor\.run\(\)|Traceback \(most recent)")
+CLIENT_REASON = re.compile(r"^Exception ClientAppException occurred\. Message: (.*)")
+CLIENT_REPORT = re.compile(r"^(ray::ClientAppActor\.run\(\)|Exception ClientAppException )")
+
+
+class ClientFailures:
+    """Flower's report of an exception a simulated client raised (a node refusing a message,
+    a ClientApp that failed) as one line with its reason; verbose=true shows the traceback."""
+
+    def __init__(self) -> None:
+        self.reason: str | None = None  # None: no report open
+        self.last = ""  # the last exception line, should Flower name no reason
+
+    def line(self, line: str) -> str | None:
+        """None: not part of a report (print it as usual); "": taken into the report."""
+        text = ANSI.sub("", line).rstrip("\n")
+        if CLIENT_RAISED.match(text):
+            self.reason = self.reason or ""
+            return ""
+        if self.reason is None:
+            return None
+        if found := CLIENT_REASON.match(text):
+            self.reason = found.group(1).strip()
+            return ""
+        if in_traceback(text) or CLIENT_REPORT.match(text):
+            self.last = text.strip() if EXCEPTION.match(text) else self.last
+            return ""
+        return None
+
+    def close(self) -> str:
+        """The one line for the report that ended ("" when none was open)."""
+        if self.reason is None:
+            return ""
+        reason = self.reason or self.last or "Flower named no reason"
+        self.reason, self.last = None, ""
+        return (f"driftfl: a simulated client failed: {reason[:300]} (verbose=true shows "
+                "Flower's traceback)\n")
 
 
 class LiveLine:

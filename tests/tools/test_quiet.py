@@ -176,3 +176,44 @@ def test_flowers_traceback_of_a_failed_simulation_is_one_line_with_its_cause():
     ended = io.StringIO()
     relay(report[:5], False, ended)  # the stream ends inside the report: its line still comes
     assert ended.getvalue().startswith("driftfl: the simulation failed: TimeoutError: ")
+
+
+def test_a_simulated_clients_exception_is_one_line_with_its_reason():
+    """A simulated node that refuses a message (or a ClientApp that raises) made Flower print
+    the Ray actor's traceback and then the engine's, some 110 lines (a real run's, shortened);
+    the console gets one line with the reason, then the server's own line about the reply."""
+    reason = ("the server asks for privacy=none; this node trains only under "
+              "privacy=distributed or stronger (min-privacy): refused")
+    actor = "\x1b[36mray::ClientAppActor.run()\x1b[39m (pid=31365, ip=192.0.2.2, actor_id=0f0f)"
+    report = [
+        f"\x1b[91mERROR \x1b[0m:     {actor}\n",
+        "                  ^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^\n",
+        '  File "/x/flwr/clientapp/client_app.py", line 161, in __call__\n',
+        "    return self._registered_funcs[full_name](message, context)\n",
+        '  File "/x/driftfl/client/job.py", line 106, in check_floor\n',
+        '    raise ConfigError(f"{refusal}: refused")\n',
+        f"driftfl.common.errors.ConfigError: {reason}\n", "\n",
+        "The above exception was the direct cause of the following exception:\n", "\n",
+        f"{actor}\n",
+        '  File "/x/flwr/simulation/ray_transport/ray_actor.py", line 65, in run\n',
+        "    raise ClientAppException(str(ex)) from ex\n",
+        "flwr.clientapp.client_app.ClientAppException: \n",
+        f"Exception ClientAppException occurred. Message: {reason}\n",
+        "\x1b[91mERROR \x1b[0m:     Traceback (most recent call last):\n",
+        '  File "/x/flwr/server/superlink/fleet/vce/vce_api.py", line 132, in worker\n',
+        "    raise value.as_instanceof_cause()\n",
+        f"ray.exceptions.RayTaskError(ClientAppException): {actor}\n",
+        "flwr.clientapp.client_app.ClientAppException: \n",
+        f"Exception ClientAppException occurred. Message: {reason}\n", "\n"]
+    rejected = (f"\x1b[93mWARNING \x1b[0m:   round reply from partition 0 (node 5013) rejected: "
+                f"error reply: {reason}\n")
+    out = io.StringIO()
+    relay(["round   0/1  test acc   8.00%\n", *report, rejected, "round   1/1  ...\n"], False,
+          out)
+    assert out.getvalue().splitlines() == [
+        "round   0/1  test acc   8.00%",
+        f"driftfl: a simulated client failed: {reason} (verbose=true shows Flower's traceback)",
+        rejected.rstrip("\n"), "round   1/1  ..."]
+    shown = io.StringIO()
+    relay(report, True, shown)  # verbose: all of it
+    assert shown.getvalue() == "".join(report)
