@@ -22,6 +22,7 @@ from driftfl.common.protocol import (ARRAYS, CLASSIFIER, CONDENSED, DATASET_META
                                      PROTOTYPES, model_to_arrays)
 from driftfl.methods import build_strategy, check_experiment
 from driftfl.strategies.methods import fedproto
+from driftfl.strategies.methods import prototypes as rules
 from driftfl.strategies.parts.aggregation import to_numpy
 from driftfl.strategies.methods.fedproto import weighted_prototypes
 
@@ -266,7 +267,7 @@ def test_fedproto_with_an_attacker_ends_within_a_few_points_of_the_honest_run(
     negated = fedproto_run("negated")
     # the probe's attack with the survey and peer rules off (as before issue 27)
     monkeypatch.setattr(fedproto, "survey_problem", lambda *_, **__: None)
-    monkeypatch.setattr(fedproto, "outliers", lambda *_: {})
+    monkeypatch.setattr(rules, "outliers", lambda *_: {})  # (fedproto screens with it)
     unguarded = fedproto_run("ghost", guarded=False)
     print(f"FedProto test accuracy: honest {honest:.1%}, the probe's attacker {attacked:.1%} "
           f"({unguarded:.1%} unguarded), negated x5 inside the bounds {negated:.1%}")
@@ -513,9 +514,9 @@ def test_a_peer_bar_set_by_one_other_holder_never_strikes(server_task):
     replies = [(honest_rows(1).astype(np.float32), np.array(HISTOGRAMS[1])),
                (honest_rows(2).astype(np.float32), np.array(HISTOGRAMS[2])),
                (1e3 * honest_rows(4).astype(np.float32), np.array(HISTOGRAMS[4]))]
-    bad = fedproto.outliers(replies, None, np.zeros(3, bool), 30.0, 10.0)
+    bad = rules.outliers(replies, None, np.zeros(3, bool), 30.0, 10.0)
     assert list(bad) == [2] and bad[2][1]  # by a peer bar: no strike (guard.count_offences)
-    two = fedproto.outliers([replies[0], (1e-6 * replies[1][0], replies[1][1])], None,
+    two = rules.outliers([replies[0], (1e-6 * replies[1][0], replies[1][1])], None,
                             np.zeros(3, bool), 30.0, 10.0)
     assert two == {}  # two holders: the tiny one is no bar for the other
 

@@ -37,7 +37,8 @@ from driftfl.common.protocol import (CONFIG, CSD_PROTOTYPES, PROTOTYPES, PROTOTY
 from driftfl.strategies.parts.aggregation import to_record
 from driftfl.strategies.base import StrategySettings
 from driftfl.strategies.methods.prototypes import (combined, common_rows, noise_floor, outliers,
-                                                   prototype_scale, summed, survey_problem)
+                                                   prototype_scale, screened, summed,
+                                                   survey_problem)
 from driftfl.strategies.methods.teacher import EMATeacher
 
 
@@ -158,11 +159,7 @@ class FedCSD(EMATeacher):
         ``gather``'s, prototypes.outliers)."""
         if not self.one_exchange:
             return updates
-        bad = outliers([self.checked_prototypes(u.message) for u in updates], self.prototypes,
-                       self.present, self.max_peer_ratio, self.max_update_ratio)
-        for k, (reason, by_peers) in bad.items():
-            self.guard.refuse_reply(self.report, updates[k].node_id, reason, by_peers=by_peers)
-        return [u for k, u in enumerate(updates) if k not in bad]
+        return screened(self, updates, [self.checked_prototypes(u.message) for u in updates])
 
     def gather(self, replies, server_round: int) -> list[int]:
         """The prototype phase's answers: the nodes whose prototypes are usable; P_G from

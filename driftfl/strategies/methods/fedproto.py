@@ -35,8 +35,9 @@ from driftfl.common.protocol import FEATURE_PROTOTYPES
 from driftfl.strategies.parts.aggregation import ClientUpdate
 from driftfl.strategies.base import DriftStrategy, StrategySettings
 from driftfl.strategies.methods.fedcsd import check_prototypes
-from driftfl.strategies.methods.prototypes import (combined, common_rows, noise_floor, outliers,
-                                                   prototype_scale, summed, survey_problem)
+from driftfl.strategies.methods.prototypes import (combined, common_rows, noise_floor,
+                                                   prototype_scale, screened, summed,
+                                                   survey_problem)
 
 
 def check_feature_prototypes(msg: Message, num_classes: int, dim: int,
@@ -128,11 +129,7 @@ class FedProto(DriftStrategy):
 
     def screen(self, updates: list[ClientUpdate]) -> list[ClientUpdate]:
         """The prototypes against the round's peers and P_G (prototypes.outliers)."""
-        bad = outliers([self.prototypes_of(u) for u in updates], self.prototypes, self.present,
-                       self.max_peer_ratio, self.max_update_ratio)
-        for k, (reason, by_peers) in bad.items():
-            self.guard.refuse_reply(self.report, updates[k].node_id, reason, by_peers=by_peers)
-        return [u for k, u in enumerate(updates) if k not in bad]
+        return screened(self, updates, [self.prototypes_of(u) for u in updates])
 
     def aggregate_train(self, server_round, replies):
         arrays, metrics = super().aggregate_train(server_round, replies)

@@ -87,6 +87,18 @@ def outliers(replies: Replies, global_prototypes: np.ndarray | None, present: np
     return reasons
 
 
+def screened(strategy, updates: list, replies: Replies) -> list:
+    """The ``updates`` whose prototypes (``replies``, in the same order) pass ``outliers``
+    against the round's peers and the strategy's P_G; the others are refused in the round's
+    report, a peer bar's refusal as such (no strike: guard.py)."""
+    bad = outliers(replies, strategy.prototypes, strategy.present, strategy.max_peer_ratio,
+                   strategy.max_update_ratio)
+    for k, (reason, by_peers) in bad.items():
+        strategy.guard.refuse_reply(strategy.report, updates[k].node_id, reason,
+                                    by_peers=by_peers)
+    return [u for k, u in enumerate(updates) if k not in bad]
+
+
 def common_rows(new: np.ndarray, new_present: np.ndarray, old: np.ndarray | None,
                 old_present: np.ndarray) -> tuple[dict, dict] | None:
     """(new, old) on the classes both hold, for ``state_problem``; a class new this round has
