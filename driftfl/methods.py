@@ -25,7 +25,7 @@ from driftfl.common.errors import ConfigError, lookup
 from driftfl.common.settings import Named, Settings, validated
 from driftfl.rules import SPEC, check_parts
 from driftfl.strategies import AGGREGATIONS, SELECTIONS, DriftStrategy
-from driftfl.strategies.methods.aux_set import AuxSet
+from driftfl.strategies.parts.aux_set import AuxSet
 from driftfl.strategies.registry import METHODS, Method
 
 __all__ = ["METHODS", "Method", "build_strategy", "check_experiment", "method_schema",

@@ -52,7 +52,7 @@ from driftfl.common.protocol import (CLASS_PHI, CONFIG, CONTROL, CREDIBILITY,  #
                                      PROTOTYPES_IN_REPLY, PROXIMAL_MU, TEACHER, load_arrays)
 from driftfl.common.training import CrossEntropy, TrainSettings, train_locally  # noqa: E402
 from driftfl.methods import build_strategy, check_experiment  # noqa: E402
-from driftfl.strategies.methods.aux_set import AuxSet
+from driftfl.strategies.parts.aux_set import AuxSet
 
 CLASSES, SHAPE, SAMPLES = 4, (1, 16, 16), 64
 MLP = {"name": "mlp", "hidden": [32, 16], "projection": 8}  # projection: MOON's head

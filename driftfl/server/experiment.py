@@ -16,7 +16,7 @@ from driftfl.common.models import DriftModel, build_model
 from driftfl.common.partition import aux_indices, check_partition, label_histogram, partition
 from driftfl.common.protocol import DatasetMeta
 from driftfl.methods import check_experiment
-from driftfl.strategies.methods.aux_set import AuxSet
+from driftfl.strategies.parts.aux_set import AuxSet
 
 
 @dataclass(frozen=True)

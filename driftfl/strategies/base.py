@@ -67,7 +67,7 @@ from driftfl.strategies.parts.selection import ExploredClients, Selection
 from driftfl.strategies.settings import StrategySettings
 
 if TYPE_CHECKING:
-    from driftfl.strategies.methods.aux_set import AuxSet
+    from driftfl.strategies.parts.aux_set import AuxSet
 
 
 class DriftStrategy(FedAvg):

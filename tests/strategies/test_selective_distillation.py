@@ -16,7 +16,7 @@ from driftfl.client.train import TrainSettings, train_locally
 from driftfl.common.models import build_model
 from driftfl.common.partition import aux_indices, partition
 from driftfl.strategies.parts.aggregation import mean_metrics
-from driftfl.strategies.methods.aux_set import AuxSet
+from driftfl.strategies.parts.aux_set import AuxSet
 
 A = torch.tensor([[0.8, 0.2, 0.0],   # class 0: recall 0.8, mistaken for class 1 20 % of the time
                   [0.1, 0.6, 0.3],

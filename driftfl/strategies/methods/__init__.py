@@ -1,6 +1,7 @@
 """The methods' server halves, one a file named after the method (and what some of them share:
-teacher.py, prototypes.py, aux_set.py). Every module here is imported, and each strategy that
-sets ``method`` registers itself (registry.py): adding a method's strategy is adding a module."""
+teacher.py, prototypes.py; the aux set, which the server prepares too, is parts/aux_set.py).
+Every module here is imported, and each strategy that sets ``method`` registers itself
+(registry.py): adding a method's strategy is adding a module."""
 
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ from pydantic import Field
 
 from driftfl.common.protocol import CLASS_PHI
 
-from driftfl.strategies.methods.aux_set import AuxSet, AuxSetSettings
+from driftfl.strategies.parts.aux_set import AuxSet, AuxSetSettings
 from driftfl.strategies.base import DriftStrategy
 
 

@@ -8,7 +8,7 @@ from flwr.app import Array, ArrayRecord
 
 from driftfl.common.protocol import CREDIBILITY
 
-from driftfl.strategies.methods.aux_set import AuxSet, AuxSetSettings
+from driftfl.strategies.parts.aux_set import AuxSet, AuxSetSettings
 from driftfl.strategies.base import DriftStrategy
 
 
