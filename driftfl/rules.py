@@ -49,6 +49,10 @@ def check_parts(cfg: ExperimentConfig, methods: Mapping, aggregations: Mapping,
     if cfg.heterogeneity.name == "stragglers" and strategy.step_budget:
         raise ConfigError(f"heterogeneity=stragglers with strategy={cfg.strategy.name}: "
                           f"{strategy.step_budget}; use heterogeneity=epochs or dropout")
+    if cfg.superlink and getattr(cfg.strategy, "condensation", None) == "real":
+        raise ConfigError("strategy.condensation=real ships the clients' own images, a research "
+                          "ablation for simulation only (nodes refuse it); on a deployed "
+                          "federation use condensation=dm")
     check_client_eval(cfg)
     check_privacy(cfg, strategy, aggregation, methods)
     check_secagg(cfg, strategy, aggregation, methods)

@@ -18,6 +18,7 @@ import torch
 from flwr.app import Array, ArrayRecord, Message
 
 from driftfl.common import leakage
+from driftfl.common.errors import ConfigError
 from driftfl.common.augment import SiameseAugment, parse_transforms
 from driftfl.dcfl.settings import (CondensationSettings, PrivacyPlan, condensation_settings,
                                    privacy_plan, read_condensed)
@@ -110,6 +111,9 @@ class DCFLClient:
             print(progress_line(client, iteration, s.condense_iterations, loss, seconds),
                   flush=True)
 
+        if s.condensation == "real" and not node.in_simulation():
+            raise ConfigError("the server asks for condensation=real, which ships this node's "
+                              "own images (a simulation-only research ablation): refused")
         started = time.perf_counter()
         privacy = self.privacy(y)
         if privacy is not None and (kept := recall(job.context, RELEASED_SET, x.device)):

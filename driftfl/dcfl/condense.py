@@ -39,7 +39,7 @@ from __future__ import annotations
 import copy
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 import torch
@@ -51,7 +51,9 @@ from driftfl.dcfl.settings import CondensationSettings, PrivacyPlan
 from driftfl.common.errors import ConfigError
 from driftfl.common.models import DriftModel
 
-METHODS = ("dm", "dc", "dsa")
+# real: no condensation, ipc random real images per class (the research ablation that bounds
+# what condensed images could do; DCFLClient refuses it outside simulation)
+METHODS = ("dm", "dc", "dsa", "real")
 INITS = ("noise", "real")
 OPTIMIZERS = ("sgd", "adam")
 
@@ -59,7 +61,7 @@ OPTIMIZERS = ("sgd", "adam")
 @dataclass(frozen=True)
 class CondenseConfig:
     # dm: distribution matching; dc: gradient matching; dsa: gradient matching with DSA
-    method: Literal["dm", "dc", "dsa"] = "dm"
+    method: Literal["dm", "dc", "dsa", "real"] = "dm"
     init: Literal["noise", "real"] = "noise"  # N(0, 1) in normalised space, or real images
     ipc: int = 10                 # synthetic images per condensed class
     # a class with fewer real images than this is not condensed: matching the mean of a few
@@ -381,6 +383,10 @@ def condense(x: Tensor, y: Tensor, num_classes: int, config: CondenseConfig, *,
     counts = torch.bincount(labels.cpu(), minlength=num_classes)
     classes = [c for c in range(num_classes) if int(counts[c]) >= max(1, config.min_class)]
     pools = [torch.nonzero(labels == c).flatten().cpu() for c in classes]
+    if config.method == "real":  # the ablation: random real images, nothing learned
+        real = _initial_images(x, pools, replace(config, init="real"), generator)
+        labels_out = torch.tensor(classes, dtype=torch.long, device=x.device)
+        return real, labels_out.repeat_interleave(config.ipc)
     syn = _initial_images(x, pools, config, generator).requires_grad_(True)
     state = _Condenser(x, pools, classes, syn, config, augment if config.method != "dc" else None,
                        generator, privacy)

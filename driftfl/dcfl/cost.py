@@ -43,6 +43,9 @@ def cost_line(strategy: dict, model: ModelSettings, shape: Sequence[int],
               num_classes: int) -> str:
     """The line: about how many seconds condensing takes a client holding every class."""
     s: CondensationSettings = condensation_settings(strategy)
+    if s.condensation == "real":
+        return ("DCFL: condensation=real (a research ablation, NOT private): each explored "
+                "client ships random real images of its own, at no condensing cost")
     seconds = seconds_per_iteration(
         condense_config(s), lambda: build_model(model, tuple(shape), num_classes), shape,
         num_classes, SiameseAugment(parse_transforms(s.dsa_transforms)))

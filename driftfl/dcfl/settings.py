@@ -24,9 +24,11 @@ if TYPE_CHECKING:  # flwr is not needed to condense (benchmarks run it where flw
 
 
 class CondensationSettings(Settings):
-    condensation: Literal["dm", "dc", "dsa"] = Field("dm", description=(
+    condensation: Literal["dm", "dc", "dsa", "real"] = Field("dm", description=(
         "how clients condense: distribution matching (dm), gradient matching (dc), dc with "
-        "differentiable Siamese augmentation (dsa)"))
+        "differentiable Siamese augmentation (dsa); real: a research ablation, NOT private, "
+        "simulation only: each client ships ipc random real images of each class instead "
+        "(the bound of what condensed images could do)"))
     condense_init: Literal["noise", "real"] = Field("noise", description=(
         "where the synthetic images start: N(0, 1) noise, or real images (the DM/DC authors' "
         "default, which ships near-copies of them at a few hundred iterations)"))

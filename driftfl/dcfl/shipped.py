@@ -24,6 +24,12 @@ REAL_INIT_WARNING = (
     "of them >= 0.95; at 20,000, 63 %): what leaves the clients is, in effect, their images. "
     "Each client prints how close its set is when it condenses.")
 
+# condensation=real, on every run that uses it
+REAL_IMAGES_LINE = (
+    "DCFL: NOT PRIVATE: condensation=real is a research ablation: each explored client ships "
+    "{ipc} random real images of each class it holds, its own photos, not condensed ones (the "
+    "bound of what condensed images could do); refused outside simulation.")
+
 # a client's own figures (reply metric -> the round row's column, a dict by client)
 COLUMNS = {CONDENSE_SECONDS: "condense_seconds", CONDENSE_EPSILON: "condense_epsilon",
            CONDENSED_COPIES: "condensed_copies", CONDENSED_SIMILARITY: "condensed_similarity"}
@@ -47,7 +53,8 @@ def most_sampled(histogram: Sequence[int], min_class: int = 1) -> list[int]:
 def announce(s: CondensationSettings, histograms: Sequence[tuple[str, np.ndarray]]) -> None:
     """Print what will leave the clients (``histograms``: each client's name and surveyed label
     histogram, for the epsilon each gets from a fixed noise multiplier)."""
-    how = f"{s.condensation.upper()} from {s.condense_init}, {s.condense_iterations} iterations"
+    how = ("random real images, not condensed" if s.condensation == "real" else
+           f"{s.condensation.upper()} from {s.condense_init}, {s.condense_iterations} iterations")
     print(f"DCFL: each explored client sends the server {s.ipc} condensed images of each "
           f"class of which it holds at least {s.min_class} images ({how}) and its classifier; "
           "the server sends them on to other clients. Each client measures how close its set "
@@ -56,7 +63,9 @@ def announce(s: CondensationSettings, histograms: Sequence[tuple[str, np.ndarray
           + (", not sent under DP-DM" if s.condense_dp else "") + "; a deployed node prints "
           "it); `driftfl run` prints the audit of a simulation's sets after the run, and "
           "`driftfl audit <run dir>` measures them again.", flush=True)
-    if s.condense_init == "real":
+    if s.condensation == "real":
+        print(REAL_IMAGES_LINE.format(ipc=s.ipc), flush=True)
+    elif s.condense_init == "real":
         log(WARNING, REAL_INIT_WARNING)
     clip = (f"{s.condense_dp_clip:g}" if s.condense_dp_clip is not None else
             "the median norm of noise images under fresh networks (each client prints it)")

@@ -143,6 +143,25 @@ def test_shapes_labels_and_initialisation():
     assert len({tuple(image.flatten().tolist()) for image in syn_x[:5]}) == 5
 
 
+def test_real_ships_distinct_random_real_images_of_each_held_class_and_learns_nothing():
+    """condensation=real (the ablation bounding what condensed images could do): ipc distinct
+    real images of each class holding at least min_class, none of a class below it, drawn by
+    the generator, whatever init and lr say; no network is built."""
+    x, y = images(33, 1, seed=3), torch.tensor([0] * 20 + [1] * 3 + [2] * 10)
+
+    def real(seed):
+        return condense(x, y, 3, CondenseConfig(method="real", ipc=5, min_class=5, lr=9.0),
+                        make_network=lambda: pytest.fail("no network for real images"),
+                        augment=None, generator=torch.Generator().manual_seed(seed))
+
+    shipped, labels = real(0)
+    assert labels.tolist() == [0] * 5 + [2] * 5 and not shipped.requires_grad
+    for image, label in zip(shipped, labels):
+        assert any(torch.equal(image, own) for own in x[y == label])
+    assert len({tuple(image.flatten().tolist()) for image in shipped}) == 10
+    assert torch.equal(real(0)[0], shipped) and not torch.equal(real(1)[0], shipped)
+
+
 def test_noise_initialisation_starts_from_none_of_the_images():
     """init=noise (the default): with lr 0 the shipped images are N(0, 1) draws, none of them a
     client image nor close to one."""

@@ -308,3 +308,30 @@ def test_a_class_too_small_to_condense_is_not_in_the_plan_nor_its_epsilon():
     assert privacy_plan(condensation_settings(
         {**settings.model_dump(), "condense_min_class": 1}), [500, 4, 0, 600]).epsilon \
         > plan.epsilon  # the 4-image class, sampled whole each iteration, would cost the most
+
+
+def test_real_images_are_shipped_only_in_simulation_and_said_not_private(capsys, monkeypatch):
+    """condensation=real (the research ablation): a deployed node refuses to ship its own
+    images whatever the server asks; a simulated one ships them, and the run's announcement
+    says NOT PRIVATE; a deployed experiment asking for it is refused before it starts."""
+    from driftfl.client import node
+    from driftfl.common.config import compose
+    from driftfl.dcfl.shipped import announce
+    from driftfl.methods import check_experiment
+
+    x, y = client_data()
+    monkeypatch.setattr(node, "in_simulation", lambda: False)
+    with pytest.raises(ConfigError, match=r"condensation=real, which ships this node's own "
+                                          r"images .*: refused$"):
+        dcfl_client({"condensation": "real"}).condense(x, y, torch.Generator())
+    monkeypatch.setattr(node, "in_simulation", lambda: True)
+    images, labels, _ = dcfl_client({"condensation": "real"}).condense(x, y, torch.Generator())
+    assert all(any(torch.equal(image, own) for own in x[y == label])
+               for image, label in zip(images, labels))
+    announce(condensation_settings({"condensation": "real"}), [("0", [10, 10, 0])])
+    assert "DCFL: NOT PRIVATE: condensation=real is a research ablation" in \
+        capsys.readouterr().out
+    cfg = compose(["strategy=dcfl", "strategy.condensation=real"])
+    check_experiment(cfg)
+    with pytest.raises(ConfigError, match="a research ablation for simulation only"):
+        check_experiment(cfg.model_copy(update={"superlink": "federation"}))
