@@ -124,8 +124,9 @@ class DCFLClient:
             return kept["images"], kept["labels"].long(), {CONDENSE_EPSILON: privacy.epsilon}
         if privacy is not None:
             generator = torch.Generator().manual_seed(secrets.randbits(63))
-        print(f"condense: client {client} ships {s.ipc} images per held class, "
-              f"{s.condensation} from {s.condense_init}"
+        how = ("random real images of its own (condensation=real: NOT private)"
+               if s.condensation == "real" else f"{s.condensation} from {s.condense_init}")
+        print(f"condense: client {client} ships {s.ipc} images per held class, {how}"
               + (f", {privacy.line()}" if privacy else ", no differential privacy"), flush=True)
         augment = (SiameseAugment(parse_transforms(s.dsa_transforms))
                    if s.condensation != "dc" else None)
