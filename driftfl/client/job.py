@@ -14,9 +14,9 @@ from driftfl.common.config import ExperimentConfig
 from driftfl.common.errors import ConfigError
 from driftfl.common.privacy_floor import floor_refusal
 from driftfl.common.models import DriftModel, build_model
-from driftfl.common.protocol import (ASSIGNED_PARTITION, CONFIG, DATA_SUMMARY, DATASET_META,
-                                     EXPERIMENT, NUM_PARTITIONS, SERVER_ROUND, DatasetMeta,
-                                     load_arrays)
+from driftfl.common.protocol import (ASSIGNED_PARTITION, CONDENSE, CONFIG, CSD_PROTOTYPES,
+                                     DATA_SUMMARY, DATASET_META, DCFL_CONDENSE, EXPERIMENT,
+                                     NUM_PARTITIONS, SERVER_ROUND, DatasetMeta, load_arrays)
 
 from . import node
 from .caps import check_caps
@@ -69,7 +69,7 @@ class ClientJob:
     def model(self, record: str) -> DriftModel:
         """A model of the experiment's architecture holding the message's ``record`` arrays."""
         model = build_model(self.experiment.model, self.meta.shape, self.num_classes)
-        load_arrays(model, self.message.content[record])
+        load_arrays(model, self.message.content[record], record)
         return model.to(self.device)
 
     def tensors(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -92,15 +92,40 @@ def pin_experiment(context: Context, experiment: str) -> None:
 def check_floor(msg: Message, experiment: ExperimentConfig, allowed: node.NodeConfig) -> None:
     """ConfigError where the message asks for less privacy than the node accepts: its
     operator's --node-config, or in simulation its partition's entry in
-    simulation.node_floors (every simulated node is the experimenter's own). The data survey
-    passes: what it discloses is the same under every privacy setting (docs/privacy.md), and
-    a node refused later is one the run counts as a dropout, not a run that cannot start."""
-    if msg.metadata.message_type.endswith(f".{DATA_SUMMARY}"):
+    simulation.node_floors (every simulated node is the experimenter's own); and where it asks,
+    under differential privacy (the experiment's or the floor's), for an answer no release
+    covers (``private_refusal``). The data survey passes: what it discloses is the same under
+    every privacy setting (docs/privacy.md), and a node refused later is one the run counts as
+    a dropout, not a run that cannot start."""
+    kind = msg.metadata.message_type
+    if kind.endswith(f".{DATA_SUMMARY}"):
         return
     floor = allowed
     floors = experiment.simulation.node_floors or {}
     if node.in_simulation() and str(allowed.partition_id) in floors:
         floor = floors[str(allowed.partition_id)]
-    training = msg.metadata.message_type == MessageType.TRAIN
-    if refusal := floor_refusal(floor, experiment, is_secagg(msg) if training else None):
+    training = kind == MessageType.TRAIN
+    refusal = floor_refusal(floor, experiment, is_secagg(msg) if training else None)
+    if refusal is None and (experiment.privacy.enabled or floor.min_privacy != "none"):
+        refusal = private_refusal(kind, msg.content[CONFIG], experiment)
+    if refusal:
         raise ConfigError(f"{refusal}: refused")
+
+
+def private_refusal(kind: str, config, experiment: ExperimentConfig) -> str | None:
+    """Why a node under differential privacy does not answer a message of ``kind``: its answer
+    would be an exact figure of its data that no noise covers (docs/privacy.md lists each
+    message and what it discloses); None where the release covers the answer (training)."""
+    why = "which no noise covers; under differential privacy this node answers none"
+    if kind == MessageType.EVALUATE:
+        return f"evaluate asks for this node's exact loss and accuracy on its data, {why}"
+    if kind.endswith(f".{CSD_PROTOTYPES}"):
+        return f"the prototype query asks for this node's exact mean logits per class, {why}"
+    if kind.endswith(f".{DCFL_CONDENSE}"):
+        return ("the condensation query asks for images made from this node's data and its "
+                f"trained classifier, {why}")
+    if kind == MessageType.TRAIN and config.get(CONDENSE) and not getattr(
+            experiment.strategy, "condense_dp", False):
+        return ("the server asks for images made from this node's data (DCFL's condensed set) "
+                "without condense_dp, which no noise covers")
+    return None

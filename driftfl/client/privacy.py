@@ -55,25 +55,34 @@ def finite_or_zero(arrays: list[np.ndarray], what: str) -> list[np.ndarray]:
 def privatise(trained: ArrayRecord, received: ArrayRecord, settings: PrivacySettings,
               shares: int, rng: np.random.Generator | None = None) -> ArrayRecord:
     """The trained model to send: the received one plus the clipped, noised update
-    (``privacy=distributed``; the trained model as it is otherwise). ``shares``: m_min."""
+    (``privacy=distributed``; the trained model as it is otherwise). ``shares``: m_min.
+
+    What is released is decided by the node's own model (``trained``: its names, shapes and
+    dtypes; the received arrays were checked against it on loading, job.model): every float
+    entry's update is clipped and noised as one vector, and an entry that is not a float (a
+    BatchNorm's batch count) goes back as it was received, so that nothing else of this
+    node's training leaves it."""
     if settings.name != "distributed":
         return trained
-    start = {k: received[k].numpy() for k in received}
     end = {k: trained[k].numpy() for k in trained}
-    keys = [k for k, v in start.items() if v.dtype.kind == "f"]
+    start = {k: received[k].numpy() for k in end}
+    keys = [k for k, v in end.items() if v.dtype.kind == "f"]
     delta = finite_or_zero([end[k] - start[k] for k in keys], "update")
     delta, _ = clip_update(delta, settings.clip, in_place=True)
     noised = add_noise(delta, settings.share_noise_std(shares), rng)  # rng None: OS entropy
+    out = dict(start)  # what is not a float goes back as the server sent it
     for key, value in zip(keys, noised):
-        end[key] = (start[key] + value).astype(start[key].dtype)
-    return ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in end.items()})
+        out[key] = (start[key] + value).astype(end[key].dtype)
+    return ArrayRecord({k: Array(np.ascontiguousarray(out[k])) for k in end})
 
 
 def privatise_payload(records: dict[str, ArrayRecord], settings: PrivacySettings, shares: int,
                       summed: tuple[str, list[str]] | None,
                       rng: np.random.Generator | None = None) -> dict[str, ArrayRecord]:
     """The reply's records (``privacy=distributed``: only the summed payload, ``summed`` = (its
-    record, its arrays), each clipped and noised; as they are otherwise)."""
+    record, its arrays), each clipped and noised; as they are otherwise). Only records this
+    node's objective made can be named, and whatever the message names of them is clipped
+    and noised as floats whatever its dtype; what it does not name stays on the node."""
     if settings.name != "distributed":
         return records
     if summed is None or summed[0] not in records:

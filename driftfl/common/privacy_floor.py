@@ -44,6 +44,14 @@ class PrivacyFloor(Settings):
         "larger m_min makes each share, sigma C / sqrt(m_min), smaller (null: any)"))
     require_secagg: bool = Field(False, alias="require-secagg", description=(
         "send a training update only inside SecAgg+, so that the server sees the sum alone"))
+    # SecAgg+'s own parameters are the server's: a node checks them in every SecAgg+ round
+    # (client/secure.py), whatever else its floor says
+    min_secagg_clients: int = Field(2, ge=2, alias="min-secagg-clients", description=(
+        "SecAgg+: the fewest clients a round's key set (this node's neighbourhood) and its "
+        "sample may hold; with fewer, the server could unmask this node's own vector"))
+    min_secagg_threshold: int = Field(2, ge=2, alias="min-secagg-threshold", description=(
+        "SecAgg+: the fewest shares that rebuild a secret (and always more than half of the "
+        "shares, so that no server gets both a node's mask seed and its key)"))
 
 
 def floor_refusal(floor: PrivacyFloor, experiment, secure: bool | None = None) -> str | None:

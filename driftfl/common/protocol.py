@@ -21,6 +21,8 @@ import torch
 from flwr.app import ArrayRecord
 from torch import nn
 
+from driftfl.common.errors import ConfigError
+
 ARRAYS = "arrays"
 CONFIG = "config"
 METRICS = "metrics"
@@ -140,9 +142,30 @@ def load_numpy(model: nn.Module, arrays: dict) -> None:
     model.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in arrays.items()})
 
 
-def load_arrays(model: nn.Module, arrays: ArrayRecord) -> None:
-    state = arrays.to_torch_state_dict()
-    model.load_state_dict({k: torch.as_tensor(v) for k, v in state.items()})
+def load_arrays(model: nn.Module, arrays: ArrayRecord, record: str = ARRAYS) -> None:
+    """Load ``arrays`` into ``model`` once each is checked against the model's own entry:
+    the same names, and each array of the entry's dtype and shape (load_state_dict would cast
+    an int64 array into a float parameter, and a node would then release it as something the
+    server's message, not its model, decided). ConfigError in one line naming ``record``."""
+    own = model.state_dict()
+    names = set(arrays.keys())
+    if names != set(own):
+        missing, extra = sorted(set(own) - names), sorted(names - set(own))
+        raise ConfigError(f"the '{record}' record's arrays are not this model's: "
+                          + "; ".join(filter(None, [
+                              missing and f"lacks {', '.join(missing[:3])}",
+                              extra and f"has no such entry {', '.join(extra[:3])}"]))
+                          + ": refused")
+    state = {}
+    for name, entry in own.items():
+        value = arrays[name].numpy()
+        wanted = str(entry.dtype).removeprefix("torch.")
+        if str(value.dtype) != wanted or tuple(value.shape) != tuple(entry.shape):
+            raise ConfigError(f"the '{record}' record holds {name} as {value.dtype} "
+                              f"{tuple(value.shape)}; this model has {wanted} "
+                              f"{tuple(entry.shape)}: refused")
+        state[name] = torch.from_numpy(np.array(value))
+    model.load_state_dict(state)
 
 
 def summed_payload(config) -> tuple[str, list[str]] | None:

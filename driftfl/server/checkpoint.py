@@ -49,8 +49,8 @@ from . import seal, treefile
 
 CHECKPOINT = "checkpoint.pt"
 FORMAT = "driftfl checkpoint"
-VERSION = 3  # 1 was the pickle of earlier driftfl, refused unread; 2 kept the survey's state
-#              on the strategy itself, not in its clients part
+VERSION = 4  # 1 was the pickle of earlier driftfl, refused unread; 2 kept the survey's state
+#              on the strategy itself, not in its clients part; 3 had no ledger binding
 # strategy attributes that belong to one round (the replies, the round's report, the round
 # plan's assignments, drawn afresh from the seed each round; a DP release's diagnostics, kept in
 # the rows; the charge of the round going out, in the privacy ledger) or to one process (the
@@ -58,7 +58,7 @@ VERSION = 3  # 1 was the pickle of earlier driftfl, refused unread; 2 kept the s
 TRANSIENT = frozenset({"train_messages", "last_updates", "report", "payload_sum", "released",
                        "plan", "diagnostics", "clipped", "pending"})
 KEYS = ("format", "version", "round", "config", "arrays", "strategy", "rng", "rows",
-        "recorded", "seconds")
+        "recorded", "seconds", "ledger")
 ROW_NUMBERS = ("round", "test_accuracy", "test_loss", "model_updated", "bytes_sent",
                "bytes_received")  # what the run's summary reads from every row (and bytes_*)
 RESUMABLE = OPERATIONAL | {"rounds"}  # what a resumed run may set anew
@@ -66,9 +66,13 @@ ADVICE = "resume another run directory, or run without resume= to start afresh"
 
 
 def save(run_dir: Path, server_round: int, arrays: dict[str, np.ndarray], strategy,
-         rows: list[dict], recorded: dict, seconds: float, cfg: ExperimentConfig) -> None:
-    """Write the checkpoint after ``server_round``; atomic (a kill mid-write keeps the last)."""
+         rows: list[dict], recorded: dict, seconds: float, cfg: ExperimentConfig,
+         ledger: dict | None = None) -> None:
+    """Write the checkpoint after ``server_round``; atomic (a kill mid-write keeps the last).
+    ``ledger``: the privacy ledger's binding (its run id and the generation written before
+    this checkpoint, ledger.Ledger.binding)."""
     treefile.write(Path(run_dir) / CHECKPOINT, seal=seal.seal, tree={
+        "ledger": ledger or {},
         "format": FORMAT, "version": VERSION, "round": server_round,
         "config": cfg.model_dump(mode="json"), "arrays": arrays,
         "strategy": state_of(strategy),
@@ -101,12 +105,18 @@ def read(path: Path, limit: int) -> Any:
         raise treefile.UnreadableTree(str(err)) from None
 
 
-def load(run_dir: Path, cfg: ExperimentConfig, model: nn.Module, strategy) -> dict:
+def load(run_dir: Path, cfg: ExperimentConfig, model: nn.Module, strategy) -> dict | None:
     """The checkpoint of ``run_dir``, once it is known to be a checkpoint of this experiment
-    that fits ``model`` and ``strategy`` (both freshly built for it); ConfigError says in one
-    line why it cannot be resumed."""
+    that fits ``model`` and ``strategy`` (both freshly built for it); None where the run
+    stopped before its first checkpoint but its privacy ledger says rounds went out (it goes
+    on from round 0, every charge kept); ConfigError says in one line why it cannot be
+    resumed."""
+    from .ledger import LEDGER
+
     path = Path(run_dir) / CHECKPOINT
     if not (path.is_file() or path.is_symlink()):  # a link: refused as one by read
+        if (Path(run_dir) / LEDGER).exists() and hasattr(strategy.release, "lost"):
+            return None
         raise ConfigError(f"cannot resume {run_dir}: it has no {CHECKPOINT} (a run writes one "
                           "after every round; choose the run directory of a stopped run)")
     try:
@@ -149,7 +159,7 @@ def check(run_dir: Path, experiment) -> dict:
     model = experiment.initial_model()
     strategy = build_strategy(experiment.cfg, model, experiment.aux_set(model))
     saved = load(run_dir, experiment.cfg, model, strategy)
-    ledger.unfinished(run_dir, strategy.release, saved["round"])  # a DP run's ledger, too
+    ledger.resumed(run_dir, strategy.release, saved)  # a DP run's ledger, too
     return saved
 
 
@@ -185,6 +195,11 @@ def malformed(state: Any) -> str | None:
         return "has per-round arrays that are not arrays by name and round"
     if not (isinstance(state["seconds"], float) and 0 <= state["seconds"] < math.inf):
         return f"has run time {state['seconds']!r:.40}; expected seconds"
+    binding = state["ledger"]
+    if not (isinstance(binding, dict) and (binding == {} or (
+            isinstance(binding.get("run"), str) and type(binding.get("generation")) is int
+            and set(binding) == {"run", "generation"}))):
+        return "has a privacy ledger binding that is not a run id and a generation"
     return bad_random(state["rng"])
 
 

@@ -306,7 +306,8 @@ def test_flowers_parser_types_the_keys_as_the_node_config_expects():
                         "max-local-epochs?); valid keys: data-dir, dataset, dataset-download, "
                         "dataset-root, max-batch-size, max-clip, max-cohort, "
                         "max-condense-iterations, max-local-epochs, max-parameters, "
-                        "min-noise-multiplier, min-privacy, num-partitions, partition-id, "
+                        "min-noise-multiplier, min-privacy, min-secagg-clients, "
+                        "min-secagg-threshold, num-partitions, partition-id, "
                         "require-secagg, threads"),
     ({"data-dir": "/x", "max-local-epochs": "5"},
      "--node-config max-local-epochs must be a whole number, got '5'"),

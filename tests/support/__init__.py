@@ -1,0 +1,1 @@
+"""What the tests share: doubles, builders and in-process stand-ins for real processes."""
