@@ -110,6 +110,10 @@ def _run_job(cfg, hydra_subdir: str | None = None, keep: Path | None = None,
             from driftfl.server import checkpoint
 
             checkpoint.check(run_dir, experiment)
+        elif not resume:  # a DP run's record of its releases is never started over
+            from driftfl.server.ledger import check_fresh
+
+            check_fresh(run_dir)
     except ConfigError as err:
         _remove_empty(run_dir, keep)
         print(f"driftfl: error: {err}", file=sys.stderr)

@@ -6,7 +6,10 @@ then the run's own. A ``SimulationHost`` starts Ray (ray_head.py: ``ray.init()``
 engine would, its sessions and sockets in the host's scratch FLWR_HOME) and the SuperLink once;
 each run is a `flwr run` submitted to it, whose simulation joins that Ray instance (RAY_ADDRESS)
 instead of starting one. A lone run has a host of its own, stopped when it ends; a sweep's jobs
-share one (``shared_hosts``), stopped when the sweep ends. ``simulation.ray_address`` names a
+share one (``shared_hosts``), stopped when the sweep ends. A process that started a host can
+lend it to the processes it starts: with DRIFTFL_HOST naming the host's FLWR_HOME, a `driftfl
+run` submits to that host and leaves it running (``SimulationHost.attach``: a parallel sweep's
+workers, the test suite's simulation runs). ``simulation.ray_address`` names a
 cluster to join instead of starting Ray. What a run computes does not depend on it: the same
 settings give the same bytes whether run alone or in a sweep (tests/e2e/test_e2e_sweep.py).
 """
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import http.client
+import json
 import os
 import re
 import shutil
@@ -36,6 +40,11 @@ RAY_READY = "Ray runtime started"  # ray_head.py's line, before the address
 RAY_WAITS = (90, 180)
 
 
+# a started host's FLWR_HOME: a `driftfl run` in an environment that names one submits to it
+HOST_ENV = "DRIFTFL_HOST"
+HOST_FILE = "host.json"  # in the host's FLWR_HOME: its Ray address and log, for who attaches
+
+
 class HostFailed(RuntimeError):
     """The SuperLink or Ray could not start: the message is one line with the cause."""
 
@@ -44,18 +53,35 @@ class SimulationHost:
     """A private SuperLink (and Ray instance, unless ``ray_address`` names a cluster) that
     runs are submitted to; ``log``: the file the processes write to."""
 
-    def __init__(self, ray_address: str | None, log: Path):
+    def __init__(self, ray_address: str | None, log: Path, flwr_home: str | None = None):
         self.ray_address, self.log = ray_address, log
-        self.flwr_home = tempfile.mkdtemp(prefix="driftfl-flower-")
+        self.flwr_home = flwr_home or tempfile.mkdtemp(prefix="driftfl-flower-")
         self.ray: subprocess.Popen | None = None
         self.own_ray_address = ""  # the Ray instance this host started
         self.superlink: subprocess.Popen | None = None
         self.watchdog = None
         self.env: dict[str, str] = {}
+        self.attached = False  # another process's host: neither started nor stopped here
+
+    @classmethod
+    def attach(cls, flwr_home: str) -> SimulationHost:
+        """The host another process started, whose FLWR_HOME is ``flwr_home``; HostFailed in
+        one line where it is not a running host."""
+        try:
+            found = json.loads((Path(flwr_home) / HOST_FILE).read_text())
+        except (OSError, ValueError):
+            raise HostFailed(f"{HOST_ENV}={flwr_home} names no running driftfl host (no "
+                             f"{HOST_FILE} there); unset {HOST_ENV}") from None
+        host = cls(found["ray_address"], Path(found["log"]), flwr_home)
+        host.attached = True
+        host.env = flwr_env(flwr_home, found["own_ray_address"] or found["ray_address"])
+        return host
 
     def start(self, resume: bool = False) -> None:
         """Start what is not running yet (``resume``: a resumed run's log is appended to),
         saying each stage as it happens."""
+        if self.attached:  # its owner keeps it running
+            return
         if self.watchdog is None:
             self.watchdog = start_watchdog(self.flwr_home)
             self.log.parent.mkdir(parents=True, exist_ok=True)
@@ -81,10 +107,51 @@ class SimulationHost:
             except RuntimeError as err:
                 raise HostFailed(str(err)) from None
             say(f"the SuperLink is up ({time.monotonic() - started:.1f} s)")
+        (Path(self.flwr_home) / HOST_FILE).write_text(json.dumps({
+            "ray_address": self.ray_address, "own_ray_address": self.own_ray_address,
+            "log": str(self.log)}))
+
+    @contextlib.contextmanager
+    def turn(self):
+        """While open, this process's run is the only one on an attached host: Flower's Ray
+        backend places a run's client actors one by one, so two runs sharing a Ray instance
+        too small for both could each hold part of their actors and wait for the rest for
+        ever. A run submitted meanwhile waits here (its start-up up to this point overlaps);
+        a host of this process's own needs no turn (its sweep runs one job at a time)."""
+        if not self.attached:
+            yield
+            return
+        import fcntl
+
+        with open(Path(self.flwr_home) / "turn.lock", "w") as lock:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                say("waiting for the run before this one on the shared host")
+                fcntl.flock(lock, fcntl.LOCK_EX)
+            yield
+
+    def stop_run(self, run_id: str, timeout: float = 30) -> None:
+        """Stop one run on this host (an attached host goes on for its owner's other runs),
+        waiting up to ``timeout`` seconds until the SuperLink has it finished."""
+        flwr = console_script("flwr")
+        subprocess.run([flwr, "stop", run_id, CONNECTION], env=self.env, capture_output=True,
+                       timeout=60)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            listed = subprocess.run([flwr, "ls", CONNECTION, "--run-id", run_id, "--format",
+                                     "json"], env=self.env, capture_output=True, text=True,
+                                    timeout=60)
+            if '"finished' in listed.stdout or listed.returncode:
+                return
+            time.sleep(0.5)
 
     def close(self, quick: bool = False) -> None:
         """Stop the SuperLink and Ray, and everything under them (``quick``: every run is over
-        and wrote its files, so what is left is killed after a second)."""
+        and wrote its files, so what is left is killed after a second); an attached host is its
+        owner's to stop."""
+        if self.attached:
+            return
         grace = 1 if quick else 15
         for process in (self.superlink, self.ray):
             if process is not None:
@@ -286,7 +353,10 @@ def shared_hosts():
 
 def host_for(ray_address: str | None, run_log: Path) -> tuple[SimulationHost, bool]:
     """The host a run goes to, and whether it is shared (else the run stops it). A shared
-    host's processes log beside the sweep's job directories (``run_log``: <job dir>/<name>)."""
+    host's processes log beside the sweep's job directories (``run_log``: <job dir>/<name>);
+    the host DRIFTFL_HOST names, when the run joins no Ray cluster of its own."""
+    if (lent := os.environ.get(HOST_ENV)) and ray_address is None:
+        return SimulationHost.attach(lent), True
     if _shared is None:
         return SimulationHost(ray_address, run_log), False
     if ray_address not in _shared:

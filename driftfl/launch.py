@@ -30,14 +30,19 @@ from driftfl.host import APP_DIR, CONNECTION
 
 
 def run_config_arg(overrides: list[str], run_dir: Path, resume: bool = False,
-                   launched: float = 0.0) -> str:
+                   launched: float = 0.0, mlflow: bool = False) -> str:
     """The ServerApp's run config (pyproject.toml's [tool.flwr.app.config]); ``launched``:
-    when this command started, on the ServerApp's clock (simulation: this machine's)."""
+    when this command started, on the ServerApp's clock (simulation: this machine's);
+    ``mlflow``: the MLflow store and experiment this command chose (server.tracker), which a
+    ServerApp started by a shared host's SuperLink does not have in its environment."""
     encoded = json.dumps(overrides)
-    if "'" in encoded or "'" in str(run_dir):
+    store = {"mlflow-uri": os.environ.get("MLFLOW_TRACKING_URI", ""),
+             "mlflow-experiment": os.environ.get("MLFLOW_EXPERIMENT_NAME", "")} if mlflow else {}
+    if "'" in encoded or "'" in str(run_dir) or any("'" in v for v in store.values()):
         raise ConfigError("overrides and output paths cannot contain single quotes (')")
     return (f"overrides='{encoded}' run-dir='{run_dir}'" + (" resume=true" if resume else "")
-            + (f" launched={launched!r}" if launched else ""))
+            + (f" launched={launched!r}" if launched else "")
+            + "".join(f" {key}='{value}'" for key, value in store.items() if value))
 
 
 def check_launch(overrides: list[str], run_dir: Path, ray_address: str | None = None) -> None:
@@ -127,6 +132,7 @@ def launch_simulation(cfg: ExperimentConfig, overrides: list[str], run_dir: Path
     print(f"driftfl: run directory {run_dir}", flush=True)
     host, shared = host_for(cfg.simulation.ray_address, run_dir / "superlink.log")
     finished = False
+    seen: dict[str, str] = {}  # the run's id, once Flower says it
     try:
         host.start(resume)
         federation = (f"num_supernodes={cfg.num_clients} "
@@ -134,10 +140,13 @@ def launch_simulation(cfg: ExperimentConfig, overrides: list[str], run_dir: Path
                       f"client_resources_num_gpus={cfg.simulation.client_gpus}")
         print("driftfl: submitting the run (the ServerApp loads the data, Ray starts the "
               "clients)", flush=True)
-        finished = follow([CONNECTION, "--run-config", run_config_arg(overrides, run_dir,
-                                                                      resume, launched),
-                           "--federation-config", federation, "--stream"], host.env,
-                          cfg.verbose, scratch=host.flwr_home)  # the watchdog removes it
+        with host.turn():
+            finished = follow([CONNECTION, "--run-config", run_config_arg(
+                                   overrides, run_dir, resume, launched,
+                                   mlflow=cfg.tracker == "mlflow"),
+                               "--federation-config", federation, "--stream"], host.env,
+                              cfg.verbose, scratch=host.flwr_home,  # the watchdog removes it
+                              seen=seen)
     except HostFailed as err:
         print(f"driftfl: error: {err}", file=sys.stderr)
         return EXIT_CODES["failed"]
@@ -146,6 +155,8 @@ def launch_simulation(cfg: ExperimentConfig, overrides: list[str], run_dir: Path
         # last rounds finish must not report the checkpoint it was about to overwrite (a
         # sweep's shared host goes too: the sweep stops here)
         host.close()
+        if host.attached and "run_id" in seen:  # the host goes on: only this run stops
+            host.stop_run(seen["run_id"])
         print(f"driftfl: stopped; {saved(run_dir, overrides)}", file=sys.stderr)
         # one line, no traceback: Ctrl-C exits 130 as a shell expects
         code = stopped.code if isinstance(stopped, SystemExit) else 128 + signal.SIGINT

@@ -68,3 +68,50 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="session")
+def simulation_host(tmp_path_factory):
+    """One simulation host (Ray and a SuperLink, driftfl.host) for the session's `driftfl run`s
+    that are not about starting or stopping one: the environment a run gets to submit to it
+    (DRIFTFL_HOST). Started on first use, stopped when the session ends."""
+    from driftfl.host import HOST_ENV, SimulationHost
+
+    host = SimulationHost(None, tmp_path_factory.mktemp("simulation-host") / "host.log")
+    try:
+        host.start()
+        yield {**os.environ, HOST_ENV: host.flwr_home}
+    finally:
+        host.close(quick=True)
+
+
+# seconds each of the longest modules took with three workers on 2 cores (benchmarks/
+# suite_time.py, docs/benchmarks.md): they start first, so that none is left running alone at
+# the end of the suite while the other workers idle
+LONGEST = {"tests/e2e/test_e2e_readme.py": 610, "tests/e2e/test_e2e_deployment_two_nodes.py": 500,
+           "tests/e2e/test_e2e_every_method.py": 480, "tests/e2e/test_e2e_simulation.py": 350,
+           "tests/e2e/test_e2e_deployment.py": 340, "tests/e2e/test_e2e_compose.py": 240,
+           "tests/tools/test_gpu_sim.py": 180}
+
+
+def pytest_collection_modifyitems(config, items):
+    """Modules that start real processes run first (e2e, then slow), the longest of them first:
+    with the suite spread over workers a module at a time (pyproject's --dist loadfile), the
+    many short modules then fill in around them. Within a tier, the order of collection."""
+    def tier(item) -> int:
+        markers = {m.name for m in item.iter_markers()}
+        return 0 if "e2e" in markers else 1 if "slow" in markers else 2
+
+    first: dict[str, int] = {}
+    for item in items:
+        module = item.nodeid.split("::", 1)[0]
+        first[module] = min(first.get(module, 2), tier(item))
+    items.sort(key=lambda item: (first[module := item.nodeid.split("::", 1)[0]],
+                                 -LONGEST.get(module, 0)))
+
+
+def pytest_xdist_auto_num_workers(config):
+    """``-n auto``: one and a half workers per core, at least two and at most six. An e2e test
+    spends much of its time waiting on the processes it started (a SuperNode polls every 3 s,
+    a container image builds from the network), time another worker's test can use."""
+    return min(6, max(2, round(1.5 * (os.cpu_count() or 1))))

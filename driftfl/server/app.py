@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import os
 import random
 import time
 from pathlib import Path
@@ -65,6 +66,10 @@ logging.getLogger("flwr").addFilter(quiet_flower_errors)
 def main(grid: Grid, context: Context) -> None:
     launched = float(context.run_config.get("launched", 0.0)) or time.time()  # the start-up's start
     one_blas_thread()
+    for key, variable in (("mlflow-uri", "MLFLOW_TRACKING_URI"),
+                          ("mlflow-experiment", "MLFLOW_EXPERIMENT_NAME")):
+        if value := str(context.run_config.get(key, "")):  # what driftfl run chose
+            os.environ[variable] = value
     run_dir = context.run_config.get("run-dir") or (
         paths.home() / "runs" / time.strftime("%Y-%m-%d") / time.strftime("%H-%M-%S"))
     try:
@@ -100,8 +105,10 @@ def run_experiment(grid: Grid, experiment: Experiment, run_dir: Path, run_id: in
     strategy = build_strategy(cfg, model, experiment.aux_set(model),
                               claims_counts=federation.claims_counts)
     saved = checkpoint.load(run_dir, cfg, model, strategy) if resume else None
-    # what a stopped DP run released after its checkpoint: charged again on top of it
-    unfinished = ledger.unfinished(run_dir, strategy.release, saved["round"]) if saved else []
+    # what a stopped DP run released after its checkpoint: charged again on top of it (a run
+    # stopped before its first checkpoint goes on from round 0, its charges kept)
+    book, unfinished = (ledger.resumed(run_dir, strategy.release, saved) if resume
+                        else (ledger.Ledger.fresh(run_dir), []))
     recorder = RunRecorder(run_dir, cfg, run_id, saved)
     # what every message to a client carries: the experiment and how to read its data
     experiment_record = ConfigRecord({EXPERIMENT: cfg.to_json(),
@@ -153,8 +160,11 @@ def run_experiment(grid: Grid, experiment: Experiment, run_dir: Path, run_id: in
         federation.grid.take()  # the data survey again: round 0's row counted it once already
         print(f"driftfl: resuming {run_dir} after round {saved['round']} of {cfg.rounds}",
               flush=True)
-        if charged := ledger.charged_line(unfinished):
-            print(charged, flush=True)
+    elif resume:
+        print(f"driftfl: resuming {run_dir} from round 0: it stopped before its first "
+              "checkpoint", flush=True)
+    if charged := ledger.charged_line(unfinished):
+        print(charged, flush=True)
     recorder.begin_rounds(time.time() - launched)  # round 1 is timed as every later round
     evaluator.round_started = time.perf_counter()
     print(f"driftfl: start-up {console.duration(recorder.startup_seconds)} "
@@ -164,9 +174,9 @@ def run_experiment(grid: Grid, experiment: Experiment, run_dir: Path, run_id: in
 
     def after_round(server_round: int, arrays: ArrayRecord) -> None:
         latest["arrays"] = arrays
-        ledger.record(run_dir, strategy.release)  # before the checkpoint: never behind it
+        book.record(strategy.release)  # before the checkpoint: never behind it
         checkpoint.save(run_dir, server_round, to_numpy(arrays), strategy, recorder.rows,
-                        recorder.arrays, recorder.total_seconds(), cfg)
+                        recorder.arrays, recorder.total_seconds(), cfg, book.binding())
         if stop := stop_reason(recorder.rows, cfg.max_rounds_without_reply,
                                telling(strategy.report.rejected)):
             raise RunStopped(stop)
@@ -179,10 +189,10 @@ def run_experiment(grid: Grid, experiment: Experiment, run_dir: Path, run_id: in
                    train_config=experiment_record,
                    evaluate_config=ConfigRecord(dict(experiment_record)),
                    evaluate_fn=evaluator, after_round=after_round, secagg=cfg.secagg,
-                   before_train=lambda r: ledger.charge(run_dir, strategy.release, r))
+                   before_train=lambda r: book.charge(strategy.release, r))
     except (ConfigError, RunStopped) as err:  # the roster: fewer than min_clients connected;
         stopped = str(err)                    # or rounds in a row without a usable reply
-    ledger.record(run_dir, strategy.release)  # a round stopped after it went out stays charged
+    book.record(strategy.release)  # a round stopped after it went out stays charged
     load_arrays(model, latest["arrays"])
     rows = recorder.rows
     best = max(rows, key=lambda r: r["test_accuracy"])

@@ -109,6 +109,7 @@ class Walk:
     repo: Path
     root: Path
     rounds: int = 1
+    host: str | None = None  # a simulation host's FLWR_HOME that the runs submit to
     servers: list[subprocess.Popen] = field(default_factory=list)
     log: list[str] = field(default_factory=list)
 
@@ -127,6 +128,10 @@ class Walk:
                     if k not in ("FLWR_HOME", "RAY_ADDRESS", "VIRTUAL_ENV")}
         self.env.update(HOME=str(self.home), PATH=f"{venv_bin}:{os.environ['PATH']}",
                         VIRTUAL_ENV=str(self.repo / ".venv"))
+        if self.host:
+            from driftfl.host import HOST_ENV
+
+            self.env[HOST_ENV] = self.host
 
     def run(self, command: str, cwd: Path | None = None,
             timeout: float = 900) -> subprocess.CompletedProcess:

@@ -6,130 +6,26 @@ process a test starts is stopped."""
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import shlex
-import signal
 import subprocess
-import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from conftest import REPO, driftfl_bin
+from conftest import driftfl_bin
 from driftfl.client.node import NO_DATA_NAMED
 from driftfl.common.datasets import load_dataset
-from driftfl.deploy.credentials import make_credentials
 from driftfl.common.paths import console_script
-from driftfl.host import _wait_healthy, flwr_env, free_port, stop
+from support.deployment import deployment
 
 pytestmark = pytest.mark.e2e
-
-
-class Deployment:
-    """A SuperLink and its SuperNodes as processes; calling it runs `flwr run <overrides>`.
-
-    Secure (the default, as README leads): credentials from `driftfl secure init`, a SuperLink
-    with TLS and node authentication on 127.0.0.1, the node keys registered through it, and
-    the fleet proxy (`driftfl secure proxy`) as the nodes' only door. ``secure=False`` is
-    README's local shortcut: --insecure, the nodes straight to the SuperLink."""
-
-    def __init__(self, node_configs: list[str], logs: Path, flwr_home: str, secure: bool = True):
-        self.node_configs, self.logs, self.secure = node_configs, logs, secure
-        self.port = free_port()
-        self.fleet = free_port() if secure else self.port  # where nodes connect
-        self.keys = logs / "secure"
-        if secure:  # one key more than nodes: a node nobody registered
-            make_credentials(self.keys, [], nodes=len(node_configs) + 1)
-        (Path(flwr_home) / "config.toml").write_text(
-            f'[superlink.deployment]\naddress = "127.0.0.1:{self.port}"\n' + (
-                f'root-certificates = "{self.keys / "ca.crt"}"\n' if secure
-                else "insecure = true\n"))
-        self.env = flwr_env(flwr_home)
-        self.processes: list[subprocess.Popen] = []
-        self.nodes: dict[int, subprocess.Popen] = {}
-
-    def start(self, cmd: list[str], name: str, mode: str = "w") -> subprocess.Popen:
-        with open(self.logs / f"{name}.log", mode) as log:
-            self.processes.append(subprocess.Popen(cmd, env=self.env, stdout=log,
-                                                   stderr=subprocess.STDOUT,
-                                                   start_new_session=True))
-        return self.processes[-1]
-
-    def start_superlink(self) -> None:
-        """The SuperLink, its state in a database file: a restarted one knows its nodes."""
-        tls = ["--ssl-ca-certfile", str(self.keys / "ca.crt"), "--ssl-certfile",
-               str(self.keys / "superlink.crt"), "--ssl-keyfile", str(self.keys / "superlink.key"),
-               "--enable-supernode-auth"] if self.secure else ["--insecure"]
-        self.superlink = self.start(
-            [console_script("flower-superlink"), *tls, "--host", "127.0.0.1", "--port",
-             str(self.port), "--database", str(self.logs / "superlink.db"),
-             "--disable-runtime-dependency-installation"], "superlink", "a")
-        _wait_healthy(self.port, self.superlink, self.logs / "superlink.log",
-                      ca=self.keys / "ca.crt" if self.secure else None)
-
-    def open_fleet(self) -> None:
-        """Register the nodes' keys (the operator, on 127.0.0.1), then open the nodes' door."""
-        keys = [str(self.keys / f"node-{i}.key.pub") for i in range(len(self.node_configs))]
-        out = subprocess.run([driftfl_bin(), "secure", "register", "deployment", *keys],
-                             env=self.env, capture_output=True, text=True, timeout=120)
-        assert out.returncode == 0, out.stdout + out.stderr
-        self.proxy = self.start([driftfl_bin(), "secure", "proxy", str(self.keys), "--listen",
-                                 f"127.0.0.1:{self.fleet}", "--superlink",
-                                 f"127.0.0.1:{self.port}"], "proxy")
-
-    def node_command(self, key: str | None, insecure: bool = False) -> list[str]:
-        tls = (["--insecure"] if insecure or not self.secure
-               else ["--root-certificates", str(self.keys / "ca.crt")])
-        auth = ["--auth-supernode-private-key", str(self.keys / key)] if key else []
-        return [console_script("flower-supernode"), *tls, *auth, "--superlink",
-                f"127.0.0.1:{self.fleet}", "--port", str(free_port())]
-
-    def start_node(self, i: int) -> None:
-        """SuperNode i (again, after a kill: a new process, which gets a new node id)."""
-        key = f"node-{i}.key" if self.secure else None
-        self.nodes[i] = self.start([*self.node_command(key), "--node-config",
-                                    self.node_configs[i]], f"supernode{i}", "a")
-
-    def kill(self, i: int) -> None:
-        """SIGKILL SuperNode i and the ClientApp it may be running, as a machine that dies."""
-        os.killpg(self.nodes[i].pid, signal.SIGKILL)
-        self.nodes[i].wait()
-
-    def command(self, overrides: str, run_dir: Path) -> list[str]:
-        return [console_script("flwr"), "run", str(REPO), "deployment", "--stream", "--run-config",
-                f"overrides='{overrides}' run-dir='{run_dir}'"]
-
-    def __call__(self, overrides: str, run_dir: Path) -> subprocess.CompletedProcess:
-        return subprocess.run(self.command(overrides, run_dir), env=self.env,
-                              capture_output=True, text=True, timeout=900)
 
 
 @pytest.fixture(scope="module", autouse=True)
 def _nginx(nginx_installed):
     """Every test here may start the fleet proxy."""
-
-
-@contextlib.contextmanager
-def deployment(node_configs: list[str], logs: Path, secure: bool = True):
-    """A SuperLink and one SuperNode per node config; yields the Deployment. Every process it
-    started is stopped."""
-    with tempfile.TemporaryDirectory() as flwr_home:
-        cluster = Deployment(node_configs, logs, flwr_home, secure)
-        try:
-            cluster.start_superlink()
-            if secure:
-                cluster.open_fleet()
-            for i in range(len(node_configs)):
-                cluster.start_node(i)
-            yield cluster
-        finally:
-            for process in reversed(cluster.processes):
-                stop(process)
-            assert all(p.poll() is not None for p in cluster.processes)  # nothing left running
 
 
 def test_registered_nodes_train_fedcsd_and_strangers_are_refused(tmp_path, fmnist_available):
@@ -242,28 +138,6 @@ def test_with_an_owners_file_a_node_claiming_another_keys_partition_is_refused(
             "gives its key node-2.key.pub partition 2") in out.stdout + out.stderr
 
 
-def test_dcfl_condenses_and_exchanges_through_real_supernodes(tmp_path, fmnist_available):
-    """DCFL: the pre-training query, condensed sets up and complementary images down, with the
-    server's store as the only memory (each message runs in a fresh client process)."""
-    run_dir = tmp_path / "run"
-    nodes = [f"dataset='fmnist' partition-id={i} num-partitions=2 max-condense-iterations=20"
-             for i in range(2)]
-    with deployment(nodes, tmp_path) as run:
-        out = run("strategy=dcfl model=mlp dataset.subset=4000 dataset.test_subset=2000 "
-                  "num_clients=2 rounds=2 node_wait=120 strategy.condense_iterations=20", run_dir)
-    assert (run_dir / "summary.json").is_file(), out.stdout[-3000:] + out.stderr[-3000:]
-    assert "DCFL: each explored client sends the server 10 condensed images" in out.stdout
-    rows = json.loads((run_dir / "metrics.json").read_text())["rounds"]
-    assert rows[-1]["test_accuracy"] > rows[0]["test_accuracy"] + 0.3, rows
-    assert rows[1]["explored_total"] == 2 and rows[1]["pretrain_accuracy"] > 0.1
-    # each node measured its own set against its own data, which never left it
-    assert sorted(rows[1]["condensed_copies"]) == ["client_0", "client_1"]
-    assert all(share <= 0.05 for share in rows[1]["condensed_copies"].values())
-    assert rows[2]["condensed_bytes_sent"] > 0 and rows[2]["rejected"] == 0
-    assert sorted(p.name for p in (run_dir / "images").iterdir()) == [
-        "client_0.npz", "client_0.png", "client_1.npz", "client_1.png"]
-
-
 def test_nodes_that_cannot_read_their_data_stop_the_run_before_training(tmp_path,
                                                                         fmnist_available):
     """A node whose folder has no images, and one that names no data (the old way: partition
@@ -285,30 +159,6 @@ def test_nodes_that_cannot_read_their_data_stop_the_run_before_training(tmp_path
     # each node's own log holds its full reason
     assert f"no images found in {tmp_path / 'empty'}" in (tmp_path / "supernode0.log").read_text()
     assert NO_DATA_NAMED in (tmp_path / "supernode1.log").read_text()
-
-
-def test_scaffold_and_moon_carry_client_state_between_rounds_through_real_supernodes(
-        tmp_path, fmnist_available):
-    """SCAFFOLD's c_k and MOON's previous local model live in the node's state: each message
-    runs in a fresh ClientApp process, so round 2 sees them only if the SuperNode kept them."""
-    nodes = [f"dataset='fmnist' partition-id={i} num-partitions=2" for i in range(2)]
-    rows = {}
-    with deployment(nodes, tmp_path) as run:
-        for method in ("scaffold", "moon"):
-            run_dir = tmp_path / method
-            out = run(f"strategy={method} model=mlp dataset.subset=4000 dataset.test_subset=2000 "
-                      "num_clients=2 rounds=2 node_wait=120", run_dir)
-            assert (run_dir / "summary.json").is_file(), out.stdout[-3000:] + out.stderr[-3000:]
-            rows[method] = json.loads((run_dir / "metrics.json").read_text())["rounds"]
-    for method, method_rows in rows.items():
-        assert method_rows[-1]["test_accuracy"] > method_rows[0]["test_accuracy"] + 0.3, method
-        assert all(r["clients"] == 2 and r["rejected"] == 0 for r in method_rows[1:]), method
-    # round 1 trains with c_k = 0; round 2 with the c_k each node kept
-    assert rows["scaffold"][1]["control_norm"] == 0 < rows["scaffold"][2]["control_norm"]
-    # SCAFFOLD sends c with the model and replies Delta c_k: about twice FedAvg's bytes
-    assert rows["scaffold"][2]["bytes_sent"] > 1.9 * rows["moon"][2]["bytes_sent"]
-    # MOON: round 1 falls back to the global model, round 2 uses the stored previous model
-    assert [r["moon_previous_model"] for r in rows["moon"][1:]] == [0, 1]
 
 
 def test_a_node_killed_in_round_two_is_counted_lost_and_rejoins_when_restarted(
@@ -351,75 +201,3 @@ def test_a_node_killed_in_round_two_is_counted_lost_and_rejoins_when_restarted(
     assert "lost: partition(s) 2" in out and "round 3: partition 2 is back (node" in out
 
 
-def test_simulation_and_deployment_train_the_same_bytes_also_across_a_superlink_restart(
-        tmp_path, fmnist_available):
-    """The same experiment and seed in Flower's simulation and across real SuperNodes: the
-    same partitions, the same order of sums, the same torch thread count, the same model. The
-    deployed run (`driftfl run superlink=...`) loses its SuperLink after a round: driftfl
-    exits non-zero saying how to go on; the SuperLink starts again on its database, the
-    SuperNodes reconnect, and the resumed run ends with the same bytes. Each node holds out
-    the same split (client_test_fraction) and trains the epochs the server drew for it
-    (heterogeneity=epochs), so the per-client figures match too."""
-    overrides = ["strategy=fedcsd", "model=mlp", "dataset.subset=3000", "dataset.test_subset=1000",
-                 "num_clients=2", "rounds=3", "seed=3", "client_test_fraction=0.2",
-                 "heterogeneity=epochs", "heterogeneity.max_epochs=3"]
-    simulated, deployed = tmp_path / "simulated", tmp_path / "deployed"
-    out = subprocess.run([driftfl_bin(), "run", *overrides, f"hydra.run.dir={simulated}"],
-                         cwd=tmp_path, capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    nodes = [f"dataset='fmnist' partition-id={i} num-partitions=2" for i in range(2)]
-    on_federation = [driftfl_bin(), "run", "superlink=deployment", *overrides, "node_wait=120"]
-    with deployment(nodes, tmp_path) as cluster:
-        followed = tmp_path / "first.log"
-        with open(followed, "w") as log:
-            first = subprocess.Popen([*on_federation, f"hydra.run.dir={deployed}"],
-                                     cwd=tmp_path, env=cluster.env, stdout=log,
-                                     stderr=subprocess.PIPE, text=True)
-        deadline = time.monotonic() + 600
-        while not (deployed / "checkpoint.pt").exists():  # a round is done
-            if first.poll() is not None or time.monotonic() > deadline:
-                first.kill()
-                logs = [followed, tmp_path / "superlink.log", tmp_path / "supernode0.log",
-                        tmp_path / "supernode1.log"]
-                raise AssertionError("the deployed run ended before its first round was saved:\n"
-                                     + first.communicate()[1][-3000:] + "".join(
-                                         f"\n--- {p.name}:\n{p.read_text()[-3000:]}"
-                                         for p in logs if p.is_file()))
-            time.sleep(0.2)
-        stop(cluster.superlink)
-        stopped = first.communicate(timeout=120)[1]
-        assert not (deployed / "summary.json").exists()
-        assert first.returncode == 1, stopped
-        # the line that says how to go on: run as it says, once the SuperLink is back
-        again = stopped.rsplit("go on with: ", 1)[1].strip()
-        assert again.startswith("driftfl run ") and f"resume={deployed}" in again, stopped
-        cluster.start_superlink()
-        out = subprocess.run([driftfl_bin(), *shlex.split(again)[1:]], cwd=tmp_path,
-                             env=cluster.env, capture_output=True, text=True, timeout=900)
-        assert all(node.poll() is None for node in cluster.nodes.values())  # reconnected
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    assert "driftfl: resuming" in out.stdout, out.stdout[-3000:] + out.stderr[-3000:]
-    rows = [json.loads((d / "metrics.json").read_text())["rounds"] for d in (simulated, deployed)]
-    assert [r["test_accuracy"] for r in rows[0]] == [r["test_accuracy"] for r in rows[1]]
-    assert (simulated / "model.pt").read_bytes() == (deployed / "model.pt").read_bytes()
-    assert len({r["local_steps"] for r in rows[1][1:]}) > 1  # the drawn epochs differ by round
-    per_client = [(d / "clients.csv").read_text() for d in (simulated, deployed)]
-    assert per_client[0] == per_client[1] and len(per_client[0].splitlines()) == 1 + 3 * 2
-
-
-def test_secaggplus_aggregates_securely_through_real_supernodes(tmp_path, fmnist_available):
-    """secagg=secaggplus over TLS and node authentication: SecAgg+'s four stages through the
-    SuperLink, each stage's message in a fresh ClientApp process (the protocol's keys and
-    shares live in the SuperNode's context state); no array comes back to the server."""
-    run_dir = tmp_path / "run"
-    nodes = [f"dataset='fmnist' partition-id={i} num-partitions=2" for i in range(2)]
-    with deployment(nodes, tmp_path) as run:
-        out = run("secagg=secaggplus model=mlp dataset.subset=2000 dataset.test_subset=1000 "
-                  "num_clients=2 rounds=2 node_wait=120", run_dir)
-    assert (run_dir / "summary.json").is_file(), out.stdout[-3000:] + out.stderr[-3000:]
-    assert json.loads((run_dir / "summary.json").read_text())["status"] == "completed"
-    rows = json.loads((run_dir / "metrics.json").read_text())["rounds"]
-    assert rows[-1]["test_accuracy"] > rows[0]["test_accuracy"] + 0.2, rows
-    for row in rows[1:]:
-        assert row["clients"] == 2 and row["model_updated"] == 1 and row["rejected"] == 0
-        assert row.get("bytes_up_arrays", 0) == 0 and row["bytes_up_other"] > 0  # masked

@@ -10,7 +10,6 @@ import json
 import math
 import os
 import re
-import shutil
 import signal
 import subprocess
 import time
@@ -19,18 +18,29 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO
+from driftfl.host import HOST_ENV
 from driftfl.server.checkpoint import saved_round
-from readme_walk import Walk, commands, paragraph_blocks, sections, smaller
+from readme_walk import Walk, commands, sections, smaller
 
 pytestmark = pytest.mark.e2e
 README = (REPO / "README.md").read_text()
 RUNNING = (REPO / "docs" / "running.md").read_text()
-DEPLOYMENT = (REPO / "docs" / "deployment.md").read_text()
-DEPLOYMENT_TITLE = DEPLOYMENT.splitlines()[0].lstrip("# ")
 
 
 @pytest.fixture
-def walk(tmp_path):
+def walk(tmp_path, simulation_host):
+    """The walk's runs submit to the session's simulation host: a run starting its own is what
+    test_e2e_sweep.py, test_e2e_orphans.py and the stop tests prove."""
+    walk = Walk(REPO, tmp_path, host=simulation_host[HOST_ENV])
+    try:
+        yield walk
+    finally:
+        walk.close()
+
+
+@pytest.fixture
+def own_walk(tmp_path):
+    """A walk whose runs start their own host: stopping a run is what it is about."""
     walk = Walk(REPO, tmp_path)
     try:
         yield walk
@@ -72,11 +82,12 @@ def test_the_running_and_report_blocks_run_as_written(walk, fmnist_available):
         assert (walk.cwd / "sweeps" / "dir01" / name).is_file(), name
 
 
-def test_a_stopped_run_resumes_as_the_readme_says(walk, fmnist_available):
+def test_a_stopped_run_resumes_as_the_readme_says(own_walk, fmnist_available):
     """The user's run was stopped with Ctrl-C after a round, which said how to go on in one
     line; the README's command goes on and ends with the same bytes and rows as the run never
     stopped (clients finish in any order; the server averages in node order). Another setting
     is refused before anything is written."""
+    walk = own_walk
     [block] = sections(RUNNING)["Stopping and resuming a run"]
     [command] = commands(block)
     walk.rounds = 3
@@ -118,29 +129,3 @@ def test_a_stopped_run_resumes_as_the_readme_says(walk, fmnist_available):
 
 def rounds_of(run_dir: Path) -> list[dict]:
     return json.loads((run_dir / "metrics.json").read_text())["rounds"]
-
-
-def test_the_secure_deployment_runs_as_written(walk, fmnist_available, nginx_installed):
-    blocks = sections(DEPLOYMENT)[DEPLOYMENT_TITLE]
-    operator, owner, train = blocks[0], blocks[1], blocks[2]
-    walk.block(operator)
-    for i in range(2):  # owner i, given ca.crt and node-<i>.key, runs the owner's command
-        machine = walk.root / f"owner-{i}"
-        machine.mkdir()
-        for name in ("ca.crt", f"node-{i}.key"):
-            shutil.copy(walk.cwd / "secure" / name, machine / name)
-        walk.block(owner.replace("node-0.key", f"node-{i}.key")
-                   .replace("partition-id=0", f"partition-id={i}")
-                   .replace("--port 9101", f"--port {9101 + i}"), cwd=machine)
-    [out] = walk.block(train)
-    run_dir = walk.cwd / re.search(r"hydra\.run\.dir=(\S+)", train).group(1)
-    assert completed(run_dir)["rounds"] == 1
-    # should it stop, the advice fits the command that started it
-    assert f"go on with resume={run_dir} (driftfl run superlink=...)" in out.stdout
-
-
-def test_the_deployment_on_one_machine_runs_as_written(walk, fmnist_available):
-    block = paragraph_blocks(DEPLOYMENT, f"# {DEPLOYMENT_TITLE}", "**On one machine**")[0]
-    out = walk.block(block)[-1]
-    assert "round   1/1" in out.stdout, out.stdout[-3000:]
-    assert "Traceback" not in out.stdout + out.stderr

@@ -19,7 +19,7 @@ from conftest import driftfl_bin
 from driftfl.common.datasets import load_dataset
 from driftfl.common.partition import label_histogram, partition
 from driftfl.host import free_port, stop
-from test_e2e_simulation import QUICK, assert_learned
+from support.runs import QUICK, assert_learned
 
 pytestmark = pytest.mark.e2e
 
@@ -41,13 +41,14 @@ def tensorboard_scalars(run_dir: Path) -> dict[str, dict[int, float]]:
 
 @pytest.mark.timeout(1200)  # about 2 minutes on a quiet 2-core machine
 def test_two_thousand_clients_train_and_stream_their_rounds_to_tensorboard(
-        tmp_path, fmnist_available):
+        tmp_path, fmnist_available, simulation_host):
     run_dir = tmp_path / "run"
     out = subprocess.run([driftfl_bin(), "run", "num_clients=2000", "fraction=0.005",
                           "partition=iid", "model=mlp", "rounds=2", "local_epochs=5",
                           "dataset.test_subset=2000",
                           "tracker=tensorboard", f"hydra.run.dir={run_dir}"],
-                         cwd=tmp_path, capture_output=True, text=True, timeout=1100)
+                         cwd=tmp_path, env=simulation_host, capture_output=True, text=True,
+                         timeout=1100)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "data survey" not in out.stdout  # in simulation the server assigns the partitions
     # the table stays short: 20 clients, then a summary of all 2000

@@ -1,47 +1,35 @@
 """Real Flower in local Ray simulation, on real Fashion-MNIST: `driftfl run` (one run and a
-sweep) and plain `flwr run` over the same conf/ tree."""
+sweep) and plain `flwr run` over the same conf/ tree.
+
+The runs submit to the session's simulation host (conftest.simulation_host: one Ray and one
+SuperLink), as a sweep's jobs do; starting and stopping a host of a run's own is what
+test_stopping_driftfl_run_stops_every_process_it_started, test_e2e_orphans.py,
+test_e2e_failures.py and test_e2e_sweep.py prove."""
 
 from __future__ import annotations
 
 import json
 import re
 import subprocess
-import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 import yaml
 
 from conftest import REPO, driftfl_bin
+from support.runs import QUICK, assert_learned, read_rounds
 from driftfl.common.paths import console_script
-from driftfl.host import CONNECTION, _wait_healthy, flwr_env, free_port, stop
-from driftfl.methods import METHODS
+from driftfl.host import CONNECTION, HOST_ENV, flwr_env
 
 pytestmark = pytest.mark.e2e
-QUICK = ["model=mlp", "dataset.subset=4000", "dataset.test_subset=2000", "num_clients=4",
-         "rounds=2", "lr=0.05"]
-
-
-def read_rounds(run_dir: Path) -> list[dict]:
-    return json.loads((run_dir / "metrics.json").read_text())["rounds"]
-
-
-def assert_learned(run_dir: Path, rounds: int = 2) -> list[dict]:
-    summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["status"] == "completed"
-    rows = read_rounds(run_dir)
-    assert [r["round"] for r in rows] == list(range(rounds + 1))
-    assert rows[-1]["test_accuracy"] > rows[0]["test_accuracy"] + 0.3  # from ~10 % to > 40 %
-    return rows
-
-
-def test_driftfl_run_trains_and_writes_the_run_directory(tmp_path, fmnist_available):
+def test_driftfl_run_trains_and_writes_the_run_directory(tmp_path, fmnist_available,
+                                                         simulation_host):
     run_dir = tmp_path / "run"
     out = subprocess.run([driftfl_bin(), "run", *QUICK, f"hydra.run.dir={run_dir}"],
-                         cwd=tmp_path, capture_output=True, text=True, timeout=600)
+                         cwd=tmp_path, env=simulation_host, capture_output=True, text=True,
+                         timeout=600)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     # progress: the data table, one line per round with accuracy and time, a summary
     assert "clients' data (fedavg on fmnist, Dirichlet(0.5), 4 clients, mlp)" in out.stdout
@@ -94,16 +82,18 @@ def test_driftfl_run_trains_and_writes_the_run_directory(tmp_path, fmnist_availa
     from driftfl.common.models import build_model
 
     model = build_model(config["model"], (1, 28, 28), 10)
-    model.load_state_dict(torch.load(run_dir / "model.pt", weights_only=True))  # the final model loads back
+    # the final model loads back
+    model.load_state_dict(torch.load(run_dir / "model.pt", weights_only=True))
 
 
 def test_a_partition_that_leaves_classes_unheld_warns_and_says_so_in_the_summary(
-        tmp_path, fmnist_available):
+        tmp_path, fmnist_available, simulation_host):
     """4 clients x 2 classes cannot hold Fashion-MNIST's 10: the run says which it lost."""
     run_dir = tmp_path / "run"
     out = subprocess.run([driftfl_bin(), "run", *QUICK, "rounds=1", "partition=pathological",
                           f"hydra.run.dir={run_dir}"],
-                         cwd=tmp_path, capture_output=True, text=True, timeout=600)
+                         cwd=tmp_path, env=simulation_host, capture_output=True, text=True,
+                         timeout=600)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     warnings = [line for line in out.stdout.splitlines()
                 if line.startswith("driftfl: warning: the partition leaves class(es)")]
@@ -118,17 +108,18 @@ def test_a_partition_that_leaves_classes_unheld_warns_and_says_so_in_the_summary
     assert all(read_rounds(run_dir)[-1]["per_class_accuracy"][c] == 0 for c in unheld)
 
 
-def test_resume_alone_goes_on_with_the_runs_own_settings_for_more_rounds(tmp_path,
-                                                                         fmnist_available):
+def test_resume_alone_goes_on_with_the_runs_own_settings_for_more_rounds(
+        tmp_path, fmnist_available, simulation_host):
     """A finished run of 1 round, then `resume=DIR rounds=2` alone: the run's own overrides,
     one more round, and a summary that keeps the parts' times apart; another setting is
     refused in one line naming it."""
     run_dir = tmp_path / "run"
     first = subprocess.run([driftfl_bin(), "run", *QUICK, "rounds=1", f"hydra.run.dir={run_dir}"],
-                           cwd=tmp_path, capture_output=True, text=True, timeout=600)
+                           cwd=tmp_path, env=simulation_host, capture_output=True, text=True,
+                           timeout=600)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
     out = subprocess.run([driftfl_bin(), "run", f"resume={run_dir}", "rounds=2"], cwd=tmp_path,
-                         capture_output=True, text=True, timeout=600)
+                         env=simulation_host, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert f"driftfl: resuming {run_dir} after round 1 of 2" in out.stdout
     assert "driftfl: round 2 in " in out.stdout and "(round 1: " in out.stdout
@@ -138,111 +129,29 @@ def test_resume_alone_goes_on_with_the_runs_own_settings_for_more_rounds(tmp_pat
     assert summary["seconds_before_resume"] > 0 and summary["startup_seconds"] > 0
     assert rows[1]["num_examples"] == rows[2]["num_examples"] == 4000  # QUICK's subset again
     refused = subprocess.run([driftfl_bin(), "run", f"resume={run_dir}", "rounds=3", "lr=0.1"],
-                             cwd=tmp_path, capture_output=True, text=True, timeout=600)
+                             cwd=tmp_path, env=simulation_host, capture_output=True, text=True,
+                             timeout=600)
     assert refused.returncode == 2 and refused.stderr.startswith(
         f"driftfl: error: cannot resume {run_dir}: its experiment differs in lr (0.05 there, "
         "0.1 here); a resumed run keeps the settings it ran with")
 
 
-@pytest.mark.timeout(1800)  # every method in one sweep: about 3.5 min on 2 cores, 3 at a time
-def test_sweep_runs_every_method_in_its_own_directory(tmp_path, fmnist_available):
-    """A quick job is mostly start-up (Ray, SuperLink, imports) that leaves cores idle, so the
-    sweep runs its jobs three at a time with Hydra's joblib launcher."""
-    sweep = tmp_path / "sweep"
-    out = subprocess.run([driftfl_bin(), "run", "-m", f"strategy={','.join(METHODS)}",
-                          *QUICK, "hydra/launcher=joblib", "hydra.launcher.n_jobs=3",
-                          f"hydra.sweep.dir={sweep}"],
-                         cwd=tmp_path, capture_output=True, text=True, timeout=1800)
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    jobs = {}
-    for job in sweep.iterdir():
-        if (job / "config.yaml").exists():
-            jobs[yaml.safe_load((job / "config.yaml").read_text())["strategy"]["name"]] = job
-    assert sorted(jobs) == sorted(METHODS)
-    rows = {name: assert_learned(job) for name, job in jobs.items()}
-    assert all(r[1]["logit_shift"] > 0 for r in rows.values())  # every client measures it
-
-    # FedCSD: its diagnostics, and the two exchanges a round costs in bytes
-    csd, avg = rows["fedcsd"], rows["fedavg"]
-    for row in csd[1:]:
-        assert 0 <= row["mask_filter_rate"] <= 1 and 0 < row["teacher_accuracy"] < 1
-        assert row["teacher_logits_reused"] == 1  # one teacher forward pass per round
-    assert csd[1]["mask_filter_rate"] > csd[-1]["mask_filter_rate"]  # the teacher improves
-    assert csd[1]["bytes_sent"] > 2.9 * avg[1]["bytes_sent"]  # teacher in query and train
-    assert "teacher_accuracy" in rows["fedgkd"][2] and "mask_filter_rate" not in avg[1]
-
-    # FedSSD: the credibility matrix of every round is kept; FedCAD: alpha per class
-    assert all(0 < r["credibility_diag_mean"] <= 1 for r in rows["fedssd"][1:])
-    with np.load(jobs["fedssd"] / "credibility.npz") as matrices:
-        assert sorted(matrices.files) == ["round_1", "round_2"]
-        assert np.allclose(matrices["round_2"].sum(axis=1), 1.0)
-    held = json.loads((jobs["fedssd"] / "partition.json").read_text())["aux_set"]
-    assert held["label_histogram"] == [64] * 10
-    for row in rows["fedcad"][1:]:
-        known = [a for a in row["class_alpha"] if a is not None]
-        assert known and all(0.25 <= a <= 0.5 for a in known)
-
-    # DCFL: pre-trained on condensed sets, every client explored by round 1 (fraction 1.0),
-    # complementary images sent in round 2, the condensed sets and the CKA matrix kept
-    dcfl = rows["dcfl"]
-    assert 0.1 < dcfl[1]["pretrain_accuracy"] < 1 and dcfl[1]["explored_total"] == 4
-    assert dcfl[1]["condensed_bytes_received"] > 0 and dcfl[2]["condensed_bytes_sent"] > 0
-    assert dcfl[2]["exploited"] and dcfl[2]["bytes_sent"] > avg[2]["bytes_sent"]
-    # each shipped set as a picture, as arrays in pixel scale, and paired with its nearest
-    # real image by the audit `driftfl run` runs after a run that shipped images
-    assert sorted(p.name for p in (jobs["dcfl"] / "images").iterdir()) == sorted(
-        f"{stem}client_{i}.{ext}" for i in range(4)
-        for stem, ext in (("", "png"), ("", "npz"), ("pairs_", "png")))
-    with np.load(jobs["dcfl"] / "images" / "client_0.npz") as shipped:
-        assert shipped["x"].dtype == np.uint8 and shipped["x"].shape[1:] == (28, 28)
-        assert len(shipped["y"]) == len(shipped["x"])
-    leakage = json.loads((jobs["dcfl"] / "summary.json").read_text())["condensed_leakage"]
-    assert sorted(leakage["clients"]) == ["0", "1", "2", "3"]
-    assert leakage == json.loads((jobs["dcfl"] / "audit.json").read_text())
-    # the default ships no near-copies, and each client's own measure, sent with its set,
-    # agrees with the audit's, made from the data after the run
-    assert leakage["overall"]["share"] <= 0.05
-    own = {name.removeprefix("client_"): median for row in dcfl
-           for name, median in row.get("condensed_similarity", {}).items()}
-    assert sorted(own) == ["0", "1", "2", "3"]
-    for client, median in own.items():
-        assert median == pytest.approx(leakage["clients"][client]["median"], abs=1e-3)
-    with np.load(jobs["dcfl"] / "cka.npz") as matrices:
-        cka = matrices["round_2"]
-        assert cka.shape == (4, 4) and np.allclose(np.diag(cka), 1) and np.allclose(cka, cka.T)
-    assert (jobs["dcfl"] / "cka.png").is_file()
-
-
-def test_plain_flwr_run_reads_the_same_conf_tree(tmp_path, fmnist_available):
+def test_plain_flwr_run_reads_the_same_conf_tree(tmp_path, fmnist_available, simulation_host):
     """What a user of Flower's own CLI does: flwr run . <connection> --run-config ..., with
-    Flower's usual keys beside the overrides. Flower's default federation (2 nodes) for 4
-    clients is refused at once, in one line, instead of waiting node_wait."""
+    Flower's usual keys beside the overrides, here to the session's simulation SuperLink (a
+    `flower-superlink --simulation` as driftfl.host starts it). Flower's default federation
+    (2 nodes) for 4 clients is refused at once, in one line, instead of waiting node_wait."""
     run_dir = tmp_path / "flwr-run"
-    with tempfile.TemporaryDirectory() as flwr_home:
-        port = free_port()
-        (Path(flwr_home) / "config.toml").write_text(
-            f'[superlink.{CONNECTION}]\naddress = "127.0.0.1:{port}"\ninsecure = true\n')
-        env = flwr_env(flwr_home)
-        log = tmp_path / "superlink.log"
-        with open(log, "w") as f:
-            superlink = subprocess.Popen(
-                [console_script("flower-superlink"), "--insecure", "--simulation", "--host", "127.0.0.1",
-                 "--port", str(port)], env=env, stdout=f, stderr=subprocess.STDOUT,
-                start_new_session=True)
-        try:
-            _wait_healthy(port, superlink, log)
-            overrides = " ".join(["strategy.mu=0.01", *QUICK]).replace("rounds=2", "")
-            command = [console_script("flwr"), "run", str(REPO), CONNECTION, "--stream", "--run-config",
-                       f"overrides='{overrides}' run-dir='{run_dir}' num-server-rounds=2 "
-                       "strategy='fedprox'"]
-            started = time.monotonic()
-            too_few = subprocess.run(command, env=env, capture_output=True, text=True,
-                                     timeout=600)
-            seconds = time.monotonic() - started
-            out = subprocess.run([*command, "--federation-config", "num_supernodes=4"],
-                                 env=env, capture_output=True, text=True, timeout=600)
-        finally:
-            stop(superlink)
+    env = flwr_env(simulation_host[HOST_ENV])
+    overrides = " ".join(["strategy.mu=0.01", *QUICK]).replace("rounds=2", "")
+    command = [console_script("flwr"), "run", str(REPO), CONNECTION, "--stream", "--run-config",
+               f"overrides='{overrides}' run-dir='{run_dir}' num-server-rounds=2 "
+               "strategy='fedprox'"]
+    started = time.monotonic()
+    too_few = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    seconds = time.monotonic() - started
+    out = subprocess.run([*command, "--federation-config", "num_supernodes=4"],
+                         env=env, capture_output=True, text=True, timeout=600)
     refusal = [line for line in too_few.stdout.splitlines() if "driftfl: error:" in line]
     assert refusal and refusal[0].endswith(
         'this simulation has 2 SuperNodes but num_clients=4; give flwr run --federation-config '
@@ -298,7 +207,8 @@ def recomputed_epsilons(run_dir: Path, delta: float = 1e-5) -> list[float]:
     return out
 
 
-def test_a_private_run_reports_epsilon_and_stops_at_its_budget(tmp_path, fmnist_available):
+def test_a_private_run_reports_epsilon_and_stops_at_its_budget(tmp_path, fmnist_available,
+                                                               simulation_host):
     """privacy=distributed through real Flower, without SecAgg+: each round's epsilon is
     accounted for what the server sees, one noise share (sigma / sqrt(m_min) = 0.3 / 2), with
     no amplification; metrics.csv's epsilon is dp-accounting's figure from its own dp_sigma and
@@ -308,7 +218,8 @@ def test_a_private_run_reports_epsilon_and_stops_at_its_budget(tmp_path, fmnist_
     out = subprocess.run([driftfl_bin(), "run", *QUICK, "rounds=3", "privacy=distributed",
                           "privacy.noise_multiplier=0.3", "privacy.target_epsilon=100",
                           f"hydra.run.dir={run_dir}"],
-                         cwd=tmp_path, capture_output=True, text=True, timeout=600)
+                         cwd=tmp_path, env=simulation_host, capture_output=True, text=True,
+                         timeout=600)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     rows = read_rounds(run_dir)
     epsilons = [r["epsilon"] for r in rows]
@@ -339,7 +250,7 @@ def test_a_private_run_reports_epsilon_and_stops_at_its_budget(tmp_path, fmnist_
 
 
 def test_driftfl_run_with_secaggplus_trains_through_flowers_secure_aggregation(
-        tmp_path, fmnist_available):
+        tmp_path, fmnist_available, simulation_host):
     """secagg=secaggplus with privacy=distributed in a real simulation, with SCAFFOLD: every
     round's training runs through SecAgg+'s four stages; the clients clip and noise their
     updates and their control deltas, and the server receives masked vectors, never a model
@@ -350,7 +261,8 @@ def test_driftfl_run_with_secaggplus_trains_through_flowers_secure_aggregation(
                           "strategy=scaffold", "privacy.noise_multiplier=0.01", "model=mlp",
                           "dataset.subset=2000", "dataset.test_subset=1000", "num_clients=3",
                           "rounds=2", f"hydra.run.dir={run_dir}"],
-                         cwd=tmp_path, capture_output=True, text=True, timeout=300)
+                         cwd=tmp_path, env=simulation_host, capture_output=True, text=True,
+                         timeout=300)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "privacy: distributed DP-FedAvg" in out.stdout
     assert "SecAgg+ shows the server only the sum" in out.stdout
@@ -376,7 +288,8 @@ def test_driftfl_run_with_secaggplus_trains_through_flowers_secure_aggregation(
     assert config["secagg"]["name"] == "secaggplus"
 
 
-def test_per_client_evaluation_and_drawn_epochs_in_a_real_run(tmp_path, fmnist_available):
+def test_per_client_evaluation_and_drawn_epochs_in_a_real_run(tmp_path, fmnist_available,
+                                                              simulation_host):
     """client_test_fraction and heterogeneity=epochs through real Flower: every reply's step
     count follows its drawn epochs and is accepted, and each client's held-out figures land in
     clients.csv and the row's spread columns."""
@@ -385,7 +298,8 @@ def test_per_client_evaluation_and_drawn_epochs_in_a_real_run(tmp_path, fmnist_a
                           "dataset.test_subset=1000", "num_clients=3", "rounds=2",
                           "strategy=fednova", "client_test_fraction=0.2", "heterogeneity=epochs",
                           "heterogeneity.max_epochs=3", f"hydra.run.dir={run_dir}"],
-                         cwd=tmp_path, capture_output=True, text=True, timeout=600)
+                         cwd=tmp_path, env=simulation_host, capture_output=True, text=True,
+                         timeout=600)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     rows = read_rounds(run_dir)
     partition = json.loads((run_dir / "partition.json").read_text())
@@ -404,7 +318,8 @@ def test_per_client_evaluation_and_drawn_epochs_in_a_real_run(tmp_path, fmnist_a
     assert (run_dir / "clients.png").is_file()
 
 
-def test_a_dcfl_runs_console_shows_driftfls_lines_each_once(tmp_path, fmnist_available):
+def test_a_dcfl_runs_console_shows_driftfls_lines_each_once(tmp_path, fmnist_available,
+                                                            simulation_host):
     """The clients' lines come without Ray's "(ClientAppActor pid=...)" prefix and none is
     folded into "[repeated Nx across cluster]"; each client's similarity line comes once,
     from the audit after the run."""
@@ -412,7 +327,8 @@ def test_a_dcfl_runs_console_shows_driftfls_lines_each_once(tmp_path, fmnist_ava
     out = subprocess.run([driftfl_bin(), "run", "strategy=dcfl", "rounds=2", "model=mlp",
                           "dataset.subset=3000", "num_clients=4",
                           "strategy.condense_iterations=20", f"hydra.run.dir={run_dir}"],
-                         cwd=tmp_path, capture_output=True, text=True, timeout=600)
+                         cwd=tmp_path, env=simulation_host, capture_output=True, text=True,
+                         timeout=600)
     console = out.stdout + out.stderr
     assert out.returncode == 0, console[-3000:]
     assert not re.search(r"pid=\d+|repeated \d+x|\x1b\[36m", console), console

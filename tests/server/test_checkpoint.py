@@ -18,6 +18,7 @@ import torch
 from flwr.app import Array, ArrayRecord
 
 from conftest import driftfl_bin
+from support.cli import driftfl
 from driftfl.common.config import compose
 from driftfl.common.errors import ConfigError
 from driftfl.methods import build_strategy
@@ -27,7 +28,6 @@ from driftfl.server.experiment import prepare_experiment
 from test_methods import InProcessGrid
 from test_resume import Stopped, StoppingGrid, nodes
 
-pytestmark = pytest.mark.slow  # tampered checkpoints refused by real `driftfl` processes
 
 # what the CLI runs with, and the in-process run that leaves a checkpoint after round 1 of 2
 SMALL = ["model=mlp", "dataset.subset=600", "dataset.test_subset=200", "rounds=2",
@@ -136,9 +136,11 @@ TAMPERED = {
 }
 
 
-def one_line_refusal(args: list[str], cwd: Path) -> str:
-    out = subprocess.run([driftfl_bin(), "run", *args], cwd=cwd, capture_output=True,
-                         text=True, timeout=300)
+def one_line_refusal(args: list[str], cwd: Path, real: bool = False) -> str:
+    """`driftfl run <args>`'s one line, from the command's code in this process (support.cli)
+    or, ``real``, from a real `driftfl` process."""
+    out = (subprocess.run([driftfl_bin(), "run", *args], cwd=cwd, capture_output=True,
+                          text=True, timeout=300) if real else driftfl("run", *args, cwd=cwd))
     lines = out.stderr.splitlines()
     assert out.returncode == 2 and len(lines) == 1 and not out.stdout, out.stdout + out.stderr
     assert lines[0].startswith("driftfl: error: cannot resume "), lines[0]
@@ -163,6 +165,7 @@ def test_a_tampered_checkpoint_is_refused_in_one_line_before_anything_runs(
     assert listing(run_dir) == before  # nothing written, nothing launched
 
 
+@pytest.mark.slow  # real `driftfl` processes
 @pytest.mark.parametrize("make, unpickle", [
     (pickled, pickle.loads),
     (torch_pickled, lambda data: torch.load(io.BytesIO(data), weights_only=False))],
@@ -174,7 +177,8 @@ def test_a_pickle_with_a_payload_is_refused_without_running_it(make, unpickle, s
     unpickle(make(tmp_path / "proof"))  # the payload runs where it is unpickled, as it was
     assert (tmp_path / "proof").exists()
 
-    line = one_line_refusal([*SMALL, f"resume={run_dir}"], tmp_path)
+    # a real process: what a user's resume of a planted pickle does, end to end
+    line = one_line_refusal([*SMALL, f"resume={run_dir}"], tmp_path, real=True)
     assert "pickle, which is never loaded (loading one can run any code)" in line, line
     assert ("is in PyTorch's format (as earlier driftfl wrote it)" in line) == (
         make is torch_pickled), line
@@ -210,7 +214,7 @@ def refusal(run_dir: Path, change, *more: str) -> str:
 
 
 @pytest.mark.parametrize("change, expected", [
-    (lambda t: t.update(version=1), "has format version 1; this driftfl reads version 3"),
+    (lambda t: t.update(version=1), "has format version 1; this driftfl reads version 4"),
     (lambda t: t.update(version=np.ones(2)), r"has format version array\(\[1., 1.\]\); this"),
     (lambda t: t.update(format=np.ones(2)), "is not a driftfl checkpoint"),
     (lambda t: t.update(extra=0), "holds what no checkpoint holds: extra"),

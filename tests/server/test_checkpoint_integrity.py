@@ -19,7 +19,6 @@ from driftfl.server import checkpoint, seal, treefile
 from test_checkpoint import (SMALL, copy_of, experiment, listing, one_line_refusal,  # noqa: F401
                              stopped_run)
 
-pytestmark = pytest.mark.slow  # a stopped run, and real `driftfl` processes
 
 
 def forge(run_dir, change, tag: bytes | None = None):

@@ -1,27 +1,32 @@
-"""The `driftfl` command refuses bad input in one line, before starting any Flower process."""
+"""The `driftfl` command refuses bad input in one line, before starting any Flower process.
+
+Each refusal runs the command's own code in this process (support.cli); the contract as a user
+meets it (a real `driftfl` process: exit code 2, one line on stderr, nothing written) is
+checked by the three tests marked slow."""
 
 from __future__ import annotations
 
 import re
-import os
 import subprocess
 
 import pytest
 
 from conftest import REPO, driftfl_bin
+from support.cli import driftfl
 
-pytestmark = pytest.mark.slow  # the command line, each case a real `driftfl` process
 
-
-def driftfl(*args, cwd):
+def real_driftfl(*args, cwd, env=None):
+    """A real `driftfl` process: what the in-process calls stand for, checked as a user meets
+    it."""
     return subprocess.run([driftfl_bin(), *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=300)
+                          timeout=300, env=env)
 
 
+@pytest.mark.slow  # a real process: the console script, its exit code and streams
 def test_help_and_unknown_command(tmp_path):
-    out = driftfl("--help", cwd=tmp_path)
+    out = real_driftfl("--help", cwd=tmp_path)
     assert out.returncode == 0 and "driftfl run" in out.stdout
-    out = driftfl("frobnicate", cwd=tmp_path)
+    out = real_driftfl("frobnicate", cwd=tmp_path)
     assert out.returncode == 2 and "unknown command 'frobnicate'; valid: audit, evaluate, report, run" in out.stderr
 
 
@@ -118,6 +123,14 @@ def test_bad_input_is_one_line_before_anything_is_written(args, message, tmp_pat
     assert not any(tmp_path.iterdir())
 
 
+@pytest.mark.slow  # a real process: the refusal as a user meets it
+def test_a_typo_is_one_line_from_a_real_process_and_nothing_is_written(tmp_path):
+    out = real_driftfl("run", "roundz=3", cwd=tmp_path)
+    assert (out.returncode, out.stdout) == (2, "")
+    assert out.stderr == "driftfl: error: unknown setting roundz; did you mean rounds?\n"
+    assert not any(tmp_path.iterdir())
+
+
 def files_under(folder):
     """Every file below ``folder`` with its bytes."""
     return {p.relative_to(folder): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
@@ -166,6 +179,7 @@ def test_non_finite_numbers_are_refused_before_anything_runs(tmp_path):
     assert not any(tmp_path.iterdir())
 
 
+@pytest.mark.slow  # a real process: refused inside the Hydra job, after Hydra made the directory
 def test_refused_run_leaves_an_existing_run_directory_as_it_was(tmp_path, fmnist_available):
     run = tmp_path / "run"
     (run / ".hydra").mkdir(parents=True)
@@ -173,8 +187,8 @@ def test_refused_run_leaves_an_existing_run_directory_as_it_was(tmp_path, fmnist
     (run / "metrics.json").write_text("{}")
     before = files_under(run)
     # refused inside the Hydra job, by prepare_experiment, after Hydra made the run directory
-    out = driftfl("run", "dataset.subset=200", "partition.alpha=0.01", "partition.min_size=15",
-                  f"hydra.run.dir={run}", cwd=tmp_path)
+    out = real_driftfl("run", "dataset.subset=200", "partition.alpha=0.01",
+                       "partition.min_size=15", f"hydra.run.dir={run}", cwd=tmp_path)
     assert out.returncode == 2
     assert out.stderr.startswith("driftfl: error: Dirichlet(alpha=0.01) could not give each of "
                                  "10 clients") and out.stderr.count("\n") == 1
@@ -189,9 +203,8 @@ def test_a_federation_flwr_does_not_know_is_refused_listing_the_ones_it_does(tmp
     home.mkdir()
     (home / "config.toml").write_text('[superlink.federation]\naddress = "127.0.0.1:9091"\n'
                                       '[superlink.local]\naddress = ":local:"\n')
-    out = subprocess.run([driftfl_bin(), "run", "superlink=fedration", "hydra.run.dir=new/run"],
-                         cwd=tmp_path, capture_output=True, text=True, timeout=300,
-                         env={**os.environ, "FLWR_HOME": str(home)})
+    out = driftfl("run", "superlink=fedration", "hydra.run.dir=new/run", cwd=tmp_path,
+                  env={"FLWR_HOME": str(home)})
     assert out.returncode == 2
     assert out.stderr.strip() == (
         f"driftfl: error: superlink=fedration: {home / 'config.toml'} has no "
@@ -216,10 +229,8 @@ def test_a_sweep_to_a_place_that_cannot_be_reached_is_refused_before_anything_is
             ("superlink=nowhere", "driftfl: error: superlink=nowhere: no SuperLink connection "
                                   f"'nowhere': {home / 'config.toml'} does not exist yet")):
         for launcher in ([], ["hydra/launcher=joblib", "hydra.launcher.n_jobs=2"]):
-            out = subprocess.run(
-                [driftfl_bin(), "run", "-m", "seed=0,1", target, *launcher,
-                 "hydra.sweep.dir=sweep"], cwd=tmp_path, capture_output=True, text=True,
-                timeout=300, env={**os.environ, "FLWR_HOME": str(home)})
+            out = driftfl("run", "-m", "seed=0,1", target, *launcher, "hydra.sweep.dir=sweep",
+                          cwd=tmp_path, env={"FLWR_HOME": str(home)})
             assert out.returncode == 2 and out.stderr.startswith(message), out.stderr
             assert out.stderr.count("\n") == 1 and out.stdout == ""
             assert [p.name for p in tmp_path.iterdir()] == ["flwr-home"]

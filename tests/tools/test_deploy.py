@@ -7,7 +7,6 @@ per-owner files."""
 from __future__ import annotations
 
 import http.server
-import json
 import os
 import shutil
 import ssl
@@ -29,12 +28,12 @@ from cryptography.hazmat.primitives.serialization import (
     Encoding, PublicFormat, load_ssh_private_key, load_ssh_public_key)
 
 from conftest import REPO, driftfl_bin
+from support.cli import driftfl
 from driftfl.common.errors import ConfigError
 from driftfl.deploy import proxy
 from driftfl.deploy.credentials import certificate_names, make_credentials
 from driftfl.host import free_port
 
-pytestmark = pytest.mark.slow  # real `driftfl secure`/`split` processes
 
 
 @pytest.fixture(scope="session")
@@ -91,15 +90,15 @@ def test_init_never_overwrites_and_refuses_a_bad_name_before_writing(tmp_path, c
         with pytest.raises(ConfigError, match="is neither a host name"):
             make_credentials(tmp_path / "new", [name], nodes=1)
     assert not (tmp_path / "new").exists()
-    out = subprocess.run([driftfl_bin(), "secure", "init", str(credentials), "--nodes", "1"],
-                         capture_output=True, text=True)
+    out = driftfl("secure", "init", str(credentials), "--nodes", "1", cwd=tmp_path)
     assert out.returncode == 2 and out.stderr.startswith("driftfl: error: ") \
         and len(out.stderr.strip().splitlines()) == 1, out.stderr
 
 
-def _driftfl(*args: str, env: dict | None = None, **kwargs) -> subprocess.CompletedProcess:
-    return subprocess.run([driftfl_bin(), *args], capture_output=True, text=True, timeout=300,
-                          env={**os.environ, **(env or {})}, **kwargs)
+def _driftfl(*args: str, env: dict | None = None, cwd: Path | None = None
+             ) -> subprocess.CompletedProcess:
+    """``driftfl <args>`` in this process (support.cli), in ``cwd`` (else the current folder)."""
+    return driftfl(*args, cwd=cwd or Path.cwd(), env=env)
 
 
 def _one_line_error(out: subprocess.CompletedProcess, says: str) -> None:
@@ -124,14 +123,11 @@ def test_init_and_split_refuse_a_folder_they_cannot_write_in_one_line(tmp_path, 
 
 def _flower_sees(flwr_home: Path, *names: str) -> dict:
     """Each connection as Flower's own reader (the one `flwr run . NAME` uses) reads it."""
-    code = ("import json, sys\n"
-            "from flwr.cli.flower_config import read_superlink_connection as read\n"
-            "print(json.dumps({n: [read(n).address, read(n).root_certificates, read(n).insecure]"
-            " for n in sys.argv[1:]}))")
-    out = subprocess.run([sys.executable, "-c", code, *names], capture_output=True, text=True,
-                         env={**os.environ, "FLWR_HOME": str(flwr_home)}, timeout=120)
-    assert out.returncode == 0, out.stdout + out.stderr
-    return json.loads(out.stdout.splitlines()[-1])
+    from flwr.cli.flower_config import read_superlink_connection as read
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("FLWR_HOME", str(flwr_home))
+        return {n: [read(n).address, read(n).root_certificates, read(n).insecure] for n in names}
 
 
 def test_connect_on_an_empty_home_keeps_flowers_local_connection(tmp_path, credentials):
@@ -145,15 +141,16 @@ def test_connect_on_an_empty_home_keeps_flowers_local_connection(tmp_path, crede
     added = subprocess.run([driftfl_bin(), "secure", "connect", "federation", "--address",
                             "127.0.0.1:9091", "--root-certificates", "secure/ca.crt"],
                            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    # the rest of this module calls the command in this process (support.cli); this one
+    # and the proxy's test are real `driftfl secure` processes
     assert added.returncode == 0 and added.stderr == "", added.stderr
     config = home / ".flwr" / "config.toml"
     assert added.stdout == (
         f"added [superlink.federation] (127.0.0.1:9091, TLS, checked against "
         f"{tmp_path / 'secure' / 'ca.crt'}) in {config}, a new file that also holds Flower's "
         "own connections (supergrid, local)\n")
-    insecure = subprocess.run([driftfl_bin(), "secure", "connect", "deployment", "--address",
-                               "127.0.0.1:9090", "--insecure"], env=env, capture_output=True,
-                              text=True, timeout=120)
+    insecure = driftfl("secure", "connect", "deployment", "--address", "127.0.0.1:9090",
+                       "--insecure", cwd=tmp_path, env={"HOME": str(home), "FLWR_HOME": None})
     assert insecure.returncode == 0 and insecure.stdout.startswith(
         "added [superlink.deployment] (127.0.0.1:9090, no TLS)"), insecure.stderr
     assert _flower_sees(home / ".flwr", "local", "federation", "deployment") == {
@@ -252,9 +249,8 @@ def test_register_refuses_what_is_not_an_ecdsa_public_key_before_calling_flower(
     for key, reason in ((credentials / "ca.crt", "is not an OpenSSH public key"),
                         (other, "is not an ECDSA key"),
                         (tmp_path / "missing.pub", "is not an OpenSSH public key")):
-        out = subprocess.run([driftfl_bin(), "secure", "register", "no-such-connection",
-                              str(credentials / "node-0.key.pub"), str(key)],
-                             capture_output=True, text=True)
+        out = _driftfl("secure", "register", "no-such-connection",
+                       str(credentials / "node-0.key.pub"), str(key), cwd=tmp_path)
         assert out.returncode == 2 and reason in out.stderr, out.stderr
         assert "registered" not in out.stdout  # not even the good key went to Flower
 
@@ -330,6 +326,7 @@ def _post(url: str, ca: Path, body: bytes = b"{}") -> tuple[int, bytes]:
         return err.code, b""
 
 
+@pytest.mark.slow  # a real nginx behind a real `driftfl secure proxy`
 def test_the_proxy_passes_the_fleet_api_and_refuses_control_and_runtime(credentials,
                                                                        nginx_installed):
     """A real nginx from `driftfl secure proxy` in front of a stand-in SuperLink: a node's
@@ -383,8 +380,7 @@ def _post_or_none(url: str, ca: Path):
 
 def test_split_writes_each_owners_share_and_nothing_else(tmp_path, fmnist_available):
     overrides = ["num_clients=3", "partition.alpha=0.5", "seed=1", "dataset.subset=3000"]
-    out = subprocess.run([driftfl_bin(), "split", str(tmp_path / "owners"), *overrides],
-                         capture_output=True, text=True, timeout=300)
+    out = _driftfl("split", str(tmp_path / "owners"), *overrides, cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     assert "clients' data (fmnist, Dirichlet(0.5), seed 1): 3 clients, 3000 samples" in out.stdout
     from driftfl.common.config import compose
@@ -401,8 +397,7 @@ def test_split_writes_each_owners_share_and_nothing_else(tmp_path, fmnist_availa
             assert np.array_equal(share["y"], data.train_y[indices])
     assert sorted(p.name for p in (tmp_path / "owners").iterdir()) == [
         "client-0.npz", "client-1.npz", "client-2.npz"]
-    again = subprocess.run([driftfl_bin(), "split", str(tmp_path / "owners"), *overrides],
-                           capture_output=True, text=True, timeout=300)
+    again = _driftfl("split", str(tmp_path / "owners"), *overrides, cwd=tmp_path)
     assert again.returncode == 2 and "already holds client-0.npz" in again.stderr
 
 

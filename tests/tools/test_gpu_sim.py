@@ -53,10 +53,11 @@ def test_what_overhead_prints_is_read_as_the_floor_ratio():
 
 
 @pytest.mark.slow  # six real steps: the GPU check, four `driftfl run`s, the overhead benchmark
-def test_the_plan_runs_on_the_cpu(tmp_path, fmnist_available):
+def test_the_plan_runs_on_the_cpu(tmp_path, fmnist_available, simulation_host):
     out = tmp_path / "out"
     done = subprocess.run([sys.executable, str(SCRIPT), "check", "--device", "cpu", "--quick",
-                           "--out", str(out)], capture_output=True, text=True, timeout=900)
+                           "--out", str(out)], env=simulation_host, capture_output=True,
+                          text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     report = json.loads((out / "gpu-sim.json").read_text())
     steps = {s["step"]: s for s in report["steps"]}

@@ -9,7 +9,7 @@ import sys
 import pytest
 from pydantic import Field, create_model
 
-from conftest import driftfl_bin
+from support.cli import driftfl
 from driftfl import help as run_help_module
 from driftfl.common.experiment_settings import ExperimentSettings
 from driftfl.help import general_help, model_lines, run_help, shown, type_name
@@ -116,12 +116,6 @@ def test_version_names_driftfl_and_what_it_runs_on():
     assert text.startswith("driftfl ") and "flwr " in text and "torch " in text
 
 
-def driftfl(*args, cwd):
-    return subprocess.run([driftfl_bin(), *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=300)
-
-
-@pytest.mark.slow
 @pytest.mark.parametrize("command, usage", [
     (["run", "--help"], "usage: driftfl run"),
     (["run", "-h", "strategy=fedprox"], "strategy.mu: float"),
@@ -144,7 +138,6 @@ def test_every_command_answers_help_with_its_usage_and_writes_nothing(command, u
     assert not any(tmp_path.iterdir())
 
 
-@pytest.mark.slow
 def test_help_refuses_an_unknown_option_in_one_line(tmp_path):
     out = driftfl("run", "--help", "strategy=fedproxx", cwd=tmp_path)
     assert out.returncode == 2 and out.stdout == ""

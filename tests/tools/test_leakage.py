@@ -300,7 +300,8 @@ def test_audit_refuses_what_it_cannot_measure_in_one_line(run_dir, tmp_path):
 
 
 @pytest.mark.e2e
-def test_driftfl_run_audits_what_dcfl_shipped_into_the_summary(tmp_path, fmnist_available):
+def test_driftfl_run_audits_what_dcfl_shipped_into_the_summary(tmp_path, fmnist_available,
+                                                                simulation_host):
     """A tiny real DCFL run: its shipped sets are kept as arrays, audited after the run, and
     the result is in summary.json (at the default start from real images, mostly copies)."""
     run_dir = tmp_path / "run"
@@ -308,7 +309,8 @@ def test_driftfl_run_audits_what_dcfl_shipped_into_the_summary(tmp_path, fmnist_
                           "model=mlp", "dataset.subset=2000", "dataset.test_subset=500",
                           "strategy.condense_iterations=2", "strategy.pretrain_requests=0",
                           f"hydra.run.dir={run_dir}"],
-                         cwd=tmp_path, capture_output=True, text=True, timeout=600)
+                         cwd=tmp_path, env=simulation_host, capture_output=True, text=True,
+                         timeout=600)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "  client 0: " in out.stdout and "  all clients: " in out.stdout
     summary = json.loads((run_dir / "summary.json").read_text())

@@ -4,6 +4,7 @@ nothing; and RAY_TMPDIR keeps each run's private Ray apart from every other on t
 
 from __future__ import annotations
 
+import contextlib
 import json
 
 import numpy as np
@@ -73,13 +74,17 @@ class FinishingHost:
     """A host whose run finishes its last round while it is being stopped: the checkpoint says
     round 2 of 3 when the stop lands, summary.json is there once ``close`` returns."""
 
-    env, flwr_home, log = {}, None, "superlink.log"
+    env, flwr_home, log, attached = {}, None, "superlink.log", False
 
     def __init__(self, run_dir):
         self.run_dir, self.closed = run_dir, 0
 
     def start(self, resume):
         checkpoint_after(self.run_dir, 2)
+
+    @contextlib.contextmanager
+    def turn(self):
+        yield
 
     def close(self, quick=False):
         if not self.closed:

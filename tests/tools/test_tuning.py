@@ -5,7 +5,6 @@ MLflow's own client."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 
 import pytest
@@ -21,11 +20,11 @@ TINY = ["rounds=1", "num_clients=3", "model=mlp", "dataset.subset=2000",
 
 @pytest.mark.timeout(900)  # about 2.5 minutes on a busy 2-core machine
 def test_optuna_maximises_the_final_accuracy_and_mlflow_keeps_every_trial(
-        tmp_path, fmnist_available):
+        tmp_path, fmnist_available, simulation_host):
     from mlflow import MlflowClient
 
     sweep = tmp_path / "sweep"
-    env = {k: v for k, v in os.environ.items()
+    env = {k: v for k, v in simulation_host.items()
            if k not in ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME")}
     out = subprocess.run(
         [driftfl_bin(), "run", "-m", "hydra/sweeper=optuna", "hydra.sweeper.n_trials=2",
