@@ -165,11 +165,30 @@ class DCFLClient:
             first = train_locally(model, torch.cat([x, received[0]]), torch.cat([y, received[1]]),
                                   local, objective, generator, augment=self.augment)
             return TrainStats(first.steps, first.mean_loss, len(y))
-        first = train_locally(model, x, y, local, objective, generator, augment=self.augment)
         if received is None or not s.finetune_epochs or not len(received[1]):
-            return first
-        second = train_locally(model, *received, TrainSettings.finetune_stage(s, exp), objective,
-                               generator, augment=self.augment, prepare=False)
+            return train_locally(model, x, y, local, objective, generator, augment=self.augment)
+
+        def finetune(prepare: bool) -> TrainStats:
+            frozen = [p for name, p in model.named_parameters()
+                      if s.finetune_layers == "head" and not name.startswith("head.")
+                      and p.requires_grad]
+            for p in frozen:
+                p.requires_grad_(False)
+            try:
+                return train_locally(model, *received, TrainSettings.finetune_stage(s, exp),
+                                     objective, generator, augment=self.augment,
+                                     prepare=prepare)
+            finally:
+                for p in frozen:
+                    p.requires_grad_(True)
+
+        if s.finetune_order == "before":
+            second = finetune(prepare=True)
+            first = train_locally(model, x, y, local, objective, generator,
+                                  augment=self.augment, prepare=False)
+        else:
+            first = train_locally(model, x, y, local, objective, generator, augment=self.augment)
+            second = finetune(prepare=False)
         seen = (first.steps, second.steps)
         mean = (first.mean_loss * seen[0] + second.mean_loss * seen[1]) / max(sum(seen), 1)
         return TrainStats(sum(seen), mean, len(y))

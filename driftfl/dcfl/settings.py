@@ -72,6 +72,12 @@ class CondensationSettings(Settings):
     condensed_use: Literal["finetune", "mix"] = Field("finetune", description=(
         "finetune: a stage on the received images after local training; mix: one stage on "
         "local and received images together"))
+    finetune_order: Literal["after", "before"] = Field("after", description=(
+        "with condensed_use=finetune, the stage on the received images comes after the local "
+        "stage (the paper's) or before it"))
+    finetune_layers: Literal["all", "head"] = Field("all", description=(
+        "what the stage on the received images trains: every layer, or the classifier head "
+        "only (the features stay as the local stage leaves them)"))
 
     @property
     def min_class(self) -> int:

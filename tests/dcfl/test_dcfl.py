@@ -7,6 +7,7 @@ import re
 
 import numpy as np
 import pytest
+import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 
 from driftfl.dcfl.settings import condensation_settings, privacy_plan
@@ -501,3 +502,39 @@ def test_an_empty_condensed_set_is_a_valid_reply():
                           "labels": Array(np.zeros(0, np.int64))})
     images, labels = read_condensed(record, (1, 28, 28), 10, ipc=10)
     assert images.shape == (0, 1, 28, 28) and labels.shape == (0,)
+
+
+def trained_with(settings: dict, received: bool = True):
+    """A client's round of DCFL training on noise data: (the model, the steps)."""
+    from types import SimpleNamespace
+
+    from driftfl.client.objectives import build_objective
+    from driftfl.dcfl.client import DCFLClient
+
+    cfg = compose(["strategy=dcfl", "model=mlp", "local_epochs=1", "batch_size=16"])
+    gen = torch.Generator().manual_seed(0)
+    x, y = torch.randn(48, 1, 28, 28, generator=gen), torch.arange(48) % 3
+    images = (torch.randn(12, 1, 28, 28, generator=gen), torch.arange(12) % 3)
+    torch.manual_seed(0)
+    model = build_model(cfg.model, (1, 28, 28), 10)
+    client = DCFLClient(condensation_settings({"dsa": False, "finetune_lr": 0.05, **settings}),
+                        SimpleNamespace(experiment=cfg))
+    stats = client.train(model, x, y, build_objective("ce", {}), torch.Generator().manual_seed(1),
+                         images if received else None)
+    return model, stats.steps
+
+
+def test_the_received_images_train_the_head_only_and_before_the_local_stage_where_asked():
+    """finetune_layers=head: the features are what the local stage alone made of them, the head
+    moved on; finetune_order=before: the same two stages the other way round."""
+    local, local_steps = trained_with({}, received=False)
+    both, steps = trained_with({})
+    head, head_steps = trained_with({"finetune_layers": "head"})
+    before, before_steps = trained_with({"finetune_order": "before"})
+    assert local_steps < steps == head_steps == before_steps
+    features = [n for n in local.state_dict() if not n.startswith("head.")]
+    assert all(torch.equal(head.state_dict()[n], local.state_dict()[n]) for n in features)
+    assert not torch.equal(head.head.weight, local.head.weight)
+    assert not torch.equal(both.state_dict()[features[0]], local.state_dict()[features[0]])
+    assert not torch.equal(before.head.weight, both.head.weight)
+    assert all(p.requires_grad for p in head.parameters())  # nothing left frozen
