@@ -1,11 +1,14 @@
-"""How long `driftfl run` takes to refuse a bad value of a setting (rounds=-1, lr=abc).
+"""How long `driftfl run` takes to refuse a bad value of a setting (rounds=-1, lr=abc) or a pair
+of parts that cannot run together (strategy=scaffold strategy.objective=ce).
 
 Each bad value below is refused by a real `driftfl run` process (nothing is written); the
 script prints the median wall time of ``--repeats`` refusals per value, whether each is under
 the 1 s a user should wait, and for comparison a typo of a key (refused by Hydra's composition
 alone) and what importing torch and Flower costs, which the refusal no longer waits for:
-driftfl/common/experiment_settings.py checks every setting outside the dataset, model and
-server sections without them. A busy machine stretches every figure alike: compare the rows.
+driftfl/common/experiment_settings.py checks every setting outside the server sections without
+them, and driftfl.methods the server sections and the pairs against the methods' and parts'
+declarations (driftfl/specs/), torch-free too. A busy machine stretches every figure alike:
+compare the rows.
 
     .venv/bin/python benchmarks/bad_value_refusal.py               # 5 repeats, about 15 s
 """
@@ -22,7 +25,9 @@ import time
 from pathlib import Path
 
 BAD_VALUES = [["rounds=-1"], ["lr=abc"], ["privacy=central", "privacy.clip=0"],
-              ["partition.alpha=0"]]
+              ["partition.alpha=0"], ["strategy=fedprox", "strategy.mu=-1"],
+              ["strategy=scaffold", "strategy.objective=ce"],
+              ["secagg=secaggplus", "strategy=fedcsd"]]
 TYPO = ["roundz=3"]  # the floor: Hydra's composition and nothing else
 LIMIT = 1.0  # seconds
 
@@ -53,7 +58,7 @@ def main() -> None:
             median, said = median_refusal(driftfl, bad, scratch, args.repeats)
             verdict = "under" if median < LIMIT else "OVER"
             kind = "typo " if bad is TYPO else "value"
-            print(f"{kind} {' '.join(bad):<32} {median:5.2f} s  {verdict} {LIMIT:g} s  ({said})")
+            print(f"{kind} {' '.join(bad):<40} {median:5.2f} s  {verdict} {LIMIT:g} s  ({said})")
         imports = statistics.median(timed([sys.executable, "-c", "import torch, flwr"],
                                           scratch)[0] for _ in range(args.repeats))
         print(f"for comparison, `import torch, flwr` alone: {imports:.2f} s")

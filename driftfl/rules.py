@@ -1,6 +1,7 @@
 """Which parts combine: one checker over what each part declares, before anything runs.
 
-Each part says what it needs of the others, as class attributes:
+Each part says what it needs of the others in its declaration (driftfl.specs: no torch, no
+Flower, so that a bad pair is refused at once):
 
 - a strategy (a method's server): ``provides`` (the records and config keys it sends), a
   selection's ``needs`` must be among them; ``unprotected`` (what its clients send that neither
@@ -32,12 +33,13 @@ SPEC = "docs/algorithms.md describes each"
 
 def check_parts(cfg: ExperimentConfig, methods: Mapping, aggregations: Mapping,
                 selections: Mapping) -> None:
-    """ConfigError for the first pair of parts that cannot run together."""
-    strategy = methods[cfg.strategy.name].strategy
+    """ConfigError for the first pair of parts that cannot run together; ``methods``,
+    ``aggregations``, ``selections``: the declarations by name (driftfl.specs)."""
+    strategy = methods[cfg.strategy.name]
     missing = selections[cfg.selection.name].needs - strategy.provides
     if missing:
         offer = sorted(name for name, method in methods.items()
-                       if missing <= method.strategy.provides)
+                       if missing <= method.provides)
         raise ConfigError(f"selection={cfg.selection.name} needs what only strategy="
                           f"{' / '.join(offer)} provides ({', '.join(sorted(missing))}); with "
                           f"strategy={cfg.strategy.name} use selection=uniform ({SPEC})")
@@ -86,7 +88,7 @@ def protected_methods(methods: Mapping) -> list[str]:
     """The methods whose clients send the server only their model and payloads it takes as
     sums, averaged by the mean."""
     return sorted(name for name, method in methods.items()
-                  if not method.strategy.unprotected and default_aggregation(name) == "mean")
+                  if not method.unprotected and default_aggregation(name) == "mean")
 
 
 def check_protected(head: str, cfg: ExperimentConfig, strategy, methods: Mapping,

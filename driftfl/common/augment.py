@@ -19,20 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from .dsa_transforms import DEFAULT_TRANSFORMS, DSA_TRANSFORMS, parse_transforms  # noqa: F401  (declared torch-free there; imported from here)
 from .errors import ConfigError
-
-DSA_TRANSFORMS = ("color", "crop", "cutout", "flip", "scale", "rotate")
-DEFAULT_TRANSFORMS = "color_crop_cutout_flip_scale_rotate"
-
-
-def parse_transforms(text: str) -> tuple[str, ...]:
-    """``"color_crop"`` -> ``("color", "crop")``; a ConfigError names an unknown or empty part."""
-    names = tuple(text.split("_"))
-    for name in names:
-        if name not in DSA_TRANSFORMS:
-            raise ConfigError(f"unknown DSA transform '{name}' in '{text}'; "
-                              f"valid: {', '.join(DSA_TRANSFORMS)}")
-    return names
 
 
 @dataclass(frozen=True)

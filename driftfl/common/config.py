@@ -18,11 +18,10 @@ from pydantic import Field, SerializeAsAny
 
 from .composing import composed
 from .dataset_settings import dataset_settings
-from .experiment_settings import (  # noqa: F401  (where they were declared before)
-    MONTH, ExperimentSettings, Section, SimulationSettings)
-from .models import ModelSettings, model_settings
+from .experiment_settings import MONTH, ExperimentSettings, Section, SimulationSettings  # noqa: F401  (where they were declared before)
+from .model_settings import BUILT_IN_MODELS, ModelSettings
 from .partition import partition_settings
-from .settings import Settings, validated
+from .settings import Settings, section, validated
 
 
 class ExperimentConfig(ExperimentSettings):
@@ -47,9 +46,21 @@ class ExperimentConfig(ExperimentSettings):
         return experiment_config(json.loads(text))
 
 
+def model_section(spec: Mapping | ModelSettings) -> ModelSettings:
+    """The ``model`` section checked against its model's schema: a built-in's without torch, a
+    user's own from its module in driftfl/models/ (which imports torch)."""
+    name = spec.name if isinstance(spec, ModelSettings) else spec.get("name")
+    if name in BUILT_IN_MODELS and (not isinstance(spec, ModelSettings)
+                                    or type(spec) is BUILT_IN_MODELS[name]):
+        return section("model", spec, BUILT_IN_MODELS)
+    from .models import model_settings
+
+    return model_settings(spec)
+
+
 # the sections checked here, each against the schema its name selects
 SECTIONS: dict[str, Callable[[Mapping], Settings]] = {
-    "dataset": dataset_settings, "partition": partition_settings, "model": model_settings}
+    "dataset": dataset_settings, "partition": partition_settings, "model": model_section}
 
 
 def experiment_config(data: Mapping[str, Any]) -> ExperimentConfig:

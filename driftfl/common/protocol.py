@@ -15,13 +15,15 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
-from flwr.app import ArrayRecord
-from torch import nn
 
 from driftfl.common.errors import ConfigError
+
+if TYPE_CHECKING:  # the names are checked against experiments before torch or Flower loads
+    from flwr.app import ArrayRecord
+    from torch import nn
 
 ARRAYS = "arrays"
 CONFIG = "config"
@@ -97,6 +99,9 @@ CONTROL_DELTA = "control-delta"
 # "prototypes" record holds "prototypes" (C, C) mean teacher logits per class and "counts" (C,)
 CSD_PROTOTYPES = "csd_prototypes"
 
+# what CKA selection (DCFL's) needs its strategy to provide: the clients explored so far
+EXPLORED_CLIENTS = "explored-clients"
+
 # DCFL (condensed data). Train config key "condense": True asks the node to condense its data
 # and reply with it (it is not yet explored), False not to; its presence marks a DCFL round.
 CONDENSE = "condense"
@@ -134,11 +139,15 @@ class DatasetMeta:
 
 def model_to_arrays(model: nn.Module) -> ArrayRecord:
     """Parameters and buffers (BatchNorm statistics included) as an ArrayRecord."""
+    from flwr.app import ArrayRecord
+
     return ArrayRecord({k: v.detach().cpu() for k, v in model.state_dict().items()})
 
 
 def load_numpy(model: nn.Module, arrays: dict) -> None:
     """Load NumPy arrays (the strategies' form of a model) into ``model``."""
+    import torch
+
     model.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in arrays.items()})
 
 
@@ -147,6 +156,8 @@ def load_arrays(model: nn.Module, arrays: ArrayRecord, record: str = ARRAYS) -> 
     the same names, and each array of the entry's dtype and shape (load_state_dict would cast
     an int64 array into a float parameter, and a node would then release it as something the
     server's message, not its model, decided). ConfigError in one line naming ``record``."""
+    import torch
+
     own = model.state_dict()
     names = set(arrays.keys())
     if names != set(own):

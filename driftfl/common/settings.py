@@ -183,3 +183,11 @@ def section(kind: str, data: Mapping[str, Any] | Settings,
     if isinstance(data, Settings):
         return data
     return validated(lookup(kind, data.get("name"), table), data, f"{kind}.")
+
+
+class StrategySettings(Settings):
+    """A strategy's own settings: the server's half of a method's ``strategy`` section."""
+
+    def aux_set_per_class(self) -> int:
+        """Training samples per class the server keeps back as its aux set (0: none)."""
+        return 0

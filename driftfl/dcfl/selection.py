@@ -3,17 +3,10 @@
 from __future__ import annotations
 
 import numpy as np
-from pydantic import Field
 
-from driftfl.common.settings import Settings
 from driftfl.dcfl.cka import select_clients
-from driftfl.strategies.parts.selection import EXPLORED_CLIENTS, Selection
-
-
-class CKASettings(Settings):
-    epsilon: float = Field(0.5, ge=0, le=1, description=(
-        "share of the round's clients exploited (drawn by their CKA similarity); the rest are "
-        "explored at random"))
+from driftfl.specs import parts as declared
+from driftfl.strategies.parts.selection import Selection
 
 
 class CKASelection(Selection):
@@ -22,8 +15,7 @@ class CKASelection(Selection):
     alike the rest: the paper's Eq. 4); the rest explored anew at random among the unexplored
     (filled from the explored when none are left)."""
 
-    Settings = CKASettings
-    needs = frozenset({EXPLORED_CLIENTS})
+    spec = declared.SELECTIONS["cka"]
 
     def __init__(self, *, seed: int = 0, epsilon: float) -> None:
         super().__init__(seed=seed)

@@ -1,6 +1,7 @@
-"""The half of DCFL's settings its clients read: how they condense their data and how they
-train on condensed images. The DCFL strategy's settings extend these (one ``strategy``
-section, checked whole on the server); a client reads only these fields of it.
+"""DCFL's settings, importable without torch or Flower (driftfl.specs.methods declares DCFL with
+them): the half its clients read (how they condense their data and train on condensed images), the
+strategy's (``DCFLSettings`` extends the clients', one ``strategy`` section, checked whole on
+the server; a client reads only its own fields), and its CKA selection's.
 
 Defaults are CPU-friendly (DM with 200 iterations takes seconds per client with the MLP);
 the DM/DC/DSA authors' paper-grade settings are in docs/algorithms.md (DCFL).
@@ -15,9 +16,9 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 from pydantic import Field, field_validator, model_validator
 
-from driftfl.common.augment import DEFAULT_TRANSFORMS, parse_transforms
+from driftfl.common.dsa_transforms import DEFAULT_TRANSFORMS, parse_transforms
 from driftfl.common.errors import ConfigError
-from driftfl.common.settings import MANY, Settings, validated
+from driftfl.common.settings import MANY, Settings, StrategySettings, validated
 
 if TYPE_CHECKING:  # flwr is not needed to condense (benchmarks run it where flwr is not)
     from flwr.app import ArrayRecord
@@ -200,3 +201,32 @@ def read_condensed(record: ArrayRecord, shape: tuple[int, ...], num_classes: int
         return (f"condensed set holds {per_class.max()} images of class "
                 f"{per_class.argmax()}, more than ipc = {ipc}")
     return images, labels
+
+
+class DCFLSettings(StrategySettings, CondensationSettings):
+    pretrain_fraction: float = Field(0.25, gt=0, le=1, description=(
+        "C_pre: each pre-training request asks max(C_pre * num_clients, 1) clients at random "
+        "to condense and train"))
+    pretrain_requests: int = Field(2, ge=0, le=MANY, description=(
+        "M: the pre-training stage's requests before round 1 (0: no pre-training stage)"))
+    pretrain_epochs: int = Field(10, ge=0, le=MANY, description=(
+        "the server's epochs on all condensed images"))
+    pretrain_lr: float = Field(0.01, gt=0, description=(
+        "the learning rate of the server's pre-training epochs"))
+    filter_ratio: float = Field(0.2, ge=0, lt=1, description=(
+        "r: the share of a group's images with the highest loss dropped"))
+    group_size: int | None = Field(None, ge=0, le=MANY, description=(
+        "the complementary group's size; null: clients per round - 1"))
+    finetune_own_set: bool = Field(False, description=(
+        "Algorithm 2 line 13's reading: the client's own condensed set joins the received "
+        "images (the server sends it back; it is the client's own data)"))
+    cka_of: Literal["update", "weights"] = Field("update", description=(
+        "what the CKA compares: the client's classifier update W_k - W_sent, or (driftfl's "
+        "earlier reading) the weights W_k, whose common starting point pulls every CKA "
+        "towards 1"))
+
+
+class CKASettings(Settings):
+    epsilon: float = Field(0.5, ge=0, le=1, description=(
+        "share of the round's clients exploited (drawn by their CKA similarity); the rest are "
+        "explored at random"))

@@ -26,55 +26,51 @@ import copy
 import math
 from dataclasses import dataclass, field, replace
 from logging import INFO
-from typing import Literal
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
 from flwr.supercore import log
-from pydantic import Field
 
 from driftfl.common.augment import SiameseAugment, parse_transforms
 from driftfl.common.error_replies import log_refused
-from driftfl.dcfl.settings import CondensationSettings
-from driftfl.common.protocol import (ARRAYS, CONDENSE, CONDENSED, CONFIG, DATASET_META,
-                                     DCFL_CONDENSE, METHOD, NUM_EXAMPLES, PROXIMAL_MU,
-                                     SERVER_ROUND, DatasetMeta, load_numpy)
-from driftfl.common.settings import MANY
+from driftfl.common.protocol import (
+    ARRAYS,
+    CONDENSE,
+    CONDENSED,
+    CONFIG,
+    DATASET_META,
+    DCFL_CONDENSE,
+    METHOD,
+    NUM_EXAMPLES,
+    PROXIMAL_MU,
+    SERVER_ROUND,
+    DatasetMeta,
+    load_numpy,
+)
 from driftfl.common.training import CrossEntropy, TrainSettings, train_locally
-
 from driftfl.dcfl import shipped
+from driftfl.dcfl.cka import (
+    cka_input,
+    complementary_group,
+    keep_lowest_loss,
+    linear_cka,
+    offdiagonal,
+    selection_tv,
+)
+from driftfl.dcfl.condensed import (
+    bounded_sets,
+    check_condensed,
+    check_pretrain_reply,
+    copied_head,
+    outsized,
+)
+from driftfl.dcfl.settings import CondensationSettings
+from driftfl.specs import methods as declared
+from driftfl.strategies.base import DriftStrategy
 from driftfl.strategies.parts.aggregation import ClientUpdate, to_numpy, to_record
-from driftfl.strategies.base import DriftStrategy, StrategySettings
-from driftfl.dcfl.cka import (cka_input, complementary_group, keep_lowest_loss, linear_cka,
-                              offdiagonal, selection_tv)
-from driftfl.dcfl.condensed import (bounded_sets, check_condensed, check_pretrain_reply,
-                                    copied_head, outsized)
-from driftfl.strategies.parts.selection import EXPLORED_CLIENTS, ExploredClients
-
-
-class DCFLSettings(StrategySettings, CondensationSettings):
-    pretrain_fraction: float = Field(0.25, gt=0, le=1, description=(
-        "C_pre: each pre-training request asks max(C_pre * num_clients, 1) clients at random "
-        "to condense and train"))
-    pretrain_requests: int = Field(2, ge=0, le=MANY, description=(
-        "M: the pre-training stage's requests before round 1 (0: no pre-training stage)"))
-    pretrain_epochs: int = Field(10, ge=0, le=MANY, description=(
-        "the server's epochs on all condensed images"))
-    pretrain_lr: float = Field(0.01, gt=0, description=(
-        "the learning rate of the server's pre-training epochs"))
-    filter_ratio: float = Field(0.2, ge=0, lt=1, description=(
-        "r: the share of a group's images with the highest loss dropped"))
-    group_size: int | None = Field(None, ge=0, le=MANY, description=(
-        "the complementary group's size; null: clients per round - 1"))
-    finetune_own_set: bool = Field(False, description=(
-        "Algorithm 2 line 13's reading: the client's own condensed set joins the received "
-        "images (the server sends it back; it is the client's own data)"))
-    cka_of: Literal["update", "weights"] = Field("update", description=(
-        "what the CKA compares: the client's classifier update W_k - W_sent, or (driftfl's "
-        "earlier reading) the weights W_k, whose common starting point pulls every CKA "
-        "towards 1"))
+from driftfl.strategies.parts.selection import ExploredClients
 
 
 @dataclass
@@ -93,11 +89,7 @@ class RoundLog:
 
 
 class DCFL(DriftStrategy):
-    method = "dcfl"
-    Settings = DCFLSettings
-    unprotected = "its clients' condensed images and classifier heads"
-    step_budget = "a step budget over DCFL's two training stages is not defined"
-    provides = frozenset({EXPLORED_CLIENTS, CONDENSE, CONDENSED, PROXIMAL_MU})
+    spec = declared.DCFL
     server_columns = frozenset({"selected", "exploited", "explored_now", "explored_total",
                                 "condensed_bytes_sent", "condensed_bytes_received",
                                 "pretrain_accuracy", "cka_offdiag_min", "cka_offdiag_max",

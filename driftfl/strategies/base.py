@@ -39,32 +39,47 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.common.constant import SUPERLINK_NODE_ID
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
-from flwr.common.constant import SUPERLINK_NODE_ID
 from flwr.supercore import log
 from torch import nn
 
 from driftfl.common.config import ExperimentConfig
-from driftfl.common.protocol import (ARRAYS, CONFIG, LOCAL_STEPS, METHOD, SERVER_ROUND,
-                                     SUMMED_ARRAYS, SUMMED_PAYLOAD)
+from driftfl.common.protocol import (
+    ARRAYS,
+    CONFIG,
+    LOCAL_STEPS,
+    METHOD,
+    SERVER_ROUND,
+    SUMMED_ARRAYS,
+    SUMMED_PAYLOAD,
+)
+from driftfl.common.settings import StrategySettings
 from driftfl.common.training import TrainSettings
-
-from driftfl.strategies.parts.aggregation import (Aggregation, ClientUpdate, apply_update,
-                                                  check_reply, example_weights, mean_metrics,
-                                                  norm_bound, to_numpy, to_record, update_norm)
+from driftfl.specs import MethodSpec, declare_method, variants_of
+from driftfl.strategies.parts import AGGREGATIONS, SELECTIONS
+from driftfl.strategies.parts.aggregation import (
+    Aggregation,
+    ClientUpdate,
+    apply_update,
+    check_reply,
+    example_weights,
+    mean_metrics,
+    norm_bound,
+    to_numpy,
+    to_record,
+    update_norm,
+)
 from driftfl.strategies.parts.bounded import bounded_for
 from driftfl.strategies.parts.clients import KnownClients
 from driftfl.strategies.parts.federated_evaluation import FederatedEvaluation
 from driftfl.strategies.parts.guard import ReplyGuard
-from driftfl.strategies.parts import AGGREGATIONS, SELECTIONS
-from driftfl.strategies.parts.release import (Release, Released, RoundFacts, SecureSum,
-                                              build_release)
+from driftfl.strategies.parts.release import Release, Released, RoundFacts, SecureSum, build_release
 from driftfl.strategies.parts.round_plan import RoundPlan
+from driftfl.strategies.parts.selection import ExploredClients, Selection
 from driftfl.strategies.registry import Method, register
 from driftfl.strategies.round_report import RoundReport, lost_to_superlink, superlink_failures
-from driftfl.strategies.parts.selection import ExploredClients, Selection
-from driftfl.strategies.settings import StrategySettings
 
 if TYPE_CHECKING:
     from driftfl.strategies.parts.aux_set import AuxSet
@@ -73,10 +88,13 @@ if TYPE_CHECKING:
 class DriftStrategy(FedAvg):
     """Flower's FedAvg message flow with driftfl's round (above) and parts."""
 
-    # the name ``strategy=`` takes (setting it registers the class: registry.py), the objective
-    # its clients run unless strategy.objective says otherwise, and whether the server's update
-    # holds only with that objective; ``variants``: other methods that are this server with
-    # another objective, by name
+    # what the method declares (driftfl.specs: checked before torch or Flower loads), copied
+    # onto the class: the name ``strategy=`` takes, the objective its clients run unless
+    # strategy.objective says otherwise and whether the server's update holds only with it,
+    # its settings, what it sends, and what the release cannot cover (MethodSpec). A method
+    # of one's own may instead set these on its class (docs/adding-a-method.md), and
+    # ``variants``: other methods that are this server with another objective, by name.
+    spec: ClassVar[MethodSpec | None] = None
     method: ClassVar[str] = ""
     default_objective: ClassVar[str] = "ce"
     objective_fixed: ClassVar[bool] = False
@@ -88,8 +106,6 @@ class DriftStrategy(FedAvg):
     server_columns: ClassVar[frozenset[str]] = frozenset()
     # those of them that record the clients' own figures, which clients may send (DCFL's)
     client_figures: ClassVar[frozenset[str]] = frozenset()
-    # what the server takes from each client beyond its model update, which differential
-    # privacy and secure aggregation do not cover ("": nothing; such a method refuses them)
     unprotected: ClassVar[str] = ""
     # a payload the method takes as a sum over its clients, which privacy and secure
     # aggregation cover beside the update (SCAFFOLD's Delta c_k): the reply record holding each
@@ -97,15 +113,29 @@ class DriftStrategy(FedAvg):
     payload_record: ClassVar[str] = ""
     payload_words: ClassVar[str] = ""
     payload_clip: ClassVar[float] = 1.0
-    # why a straggler's step budget (heterogeneity=stragglers) means nothing for this method
-    # ("": it does; driftfl.rules refuses the pair otherwise)
     step_budget: ClassVar[str] = ""
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
-        if "method" in cls.__dict__:
-            register(cls.method, Method(cls, cls.default_objective, cls.objective_fixed))
-        for name, objective in cls.__dict__.get("variants", {}).items():
+        spec = cls.__dict__.get("spec")
+        if spec is None and "method" in cls.__dict__:  # declared on its class alone
+            spec = MethodSpec(cls.method, cls.Settings, cls.default_objective,
+                              cls.objective_fixed, cls.provides, cls.unprotected,
+                              cls.protection_problem, cls.payload_record, cls.payload_clip,
+                              cls.step_budget)
+            register(spec.name, Method(cls, spec.objective, spec.objective_fixed))
+            declare_method(spec, cls.__dict__.get("variants", {}))
+        elif spec is not None:
+            register(spec.name, Method(cls, spec.objective, spec.objective_fixed))
+        else:
+            return
+        cls.spec, cls.method, cls.Settings, cls.provides = (spec, spec.name, spec.Settings,
+                                                            spec.provides)
+        cls.default_objective, cls.objective_fixed = spec.objective, spec.objective_fixed
+        cls.unprotected, cls.step_budget = spec.unprotected, spec.step_budget
+        cls.payload_record, cls.payload_clip = spec.payload_record, spec.payload_clip
+        cls.variants = variants_of(spec.name)
+        for name, objective in cls.variants.items():
             register(name, Method(cls, objective))
 
     def __init__(self, *, selection: Selection | None = None,
@@ -203,8 +233,9 @@ class DriftStrategy(FedAvg):
 
     @classmethod
     def protection_problem(cls, settings: Any) -> str | None:
-        """Why these strategy settings keep privacy and secure aggregation from covering what
-        the server takes, and what to set instead (None: nothing keeps them)."""
+        """For a method declared on its class alone: why these strategy settings keep privacy
+        and secure aggregation from covering what the server takes, and what to set instead
+        (None: nothing keeps them). A declared method says it in its MethodSpec."""
         return None
 
     @classmethod

@@ -34,6 +34,31 @@ def test_a_bad_value_is_refused_before_torch_or_flower_is_imported(override, mes
     assert out[0].startswith(message) and out[1] == "[]"
 
 
+PAIRS = {  # a bad value of a server section, or parts that cannot run together
+    "strategy=fedprox strategy.mu=-1": "strategy.mu must be >= 0, got -1",
+    "strategy=scaffold strategy.objective=ce": "strategy=scaffold needs objective=scaffold",
+    "secagg=secaggplus strategy=fedcsd": "secagg=secaggplus with strategy=fedcsd: "
+                                         "strategy.prototypes=exchange runs a prototype phase",
+    "aggregation=krum aggregation.num_malicious=50": "aggregation=krum cannot work with the",
+    "selection=cka": "selection=cka needs what only strategy=dcfl provides",
+    "strategy=dcfl strategy.dsa_transforms=blur": "strategy.dsa_transforms unknown DSA transform",
+}
+
+
+def test_server_sections_and_pairs_are_refused_before_torch_or_flower_is_imported():
+    """The methods' and parts' declarations (driftfl/specs/) need neither: `driftfl run
+    strategy=scaffold strategy.objective=ce` is refused in a blink, as a typo is. One fresh
+    interpreter for every case: what the refusals imported is what it then holds."""
+    probe = ("import sys; from driftfl.cli import refusal\n"
+             "for case in sys.argv[1:]: print(refusal(case.split()))\n"
+             "print(sorted({'torch', 'flwr', 'ray'} & sys.modules.keys()))")
+    out = subprocess.run([sys.executable, "-c", probe, *PAIRS], capture_output=True,
+                         text=True, check=True).stdout.splitlines()
+    assert [said.startswith(message) for said, message in zip(out, PAIRS.values())] == [
+        True] * len(PAIRS), out
+    assert out[-1] == "[]"
+
+
 def test_the_default_experiment_has_no_problem():
     assert settings_problem(composed([])) is None
 

@@ -8,9 +8,9 @@ import math
 import numpy as np
 import pytest
 import yaml
+from conftest import REPO
 from flwr.app import ConfigRecord, Context, Error, Message, RecordDict
 
-from conftest import REPO
 from driftfl.client.app import app as client_app
 from driftfl.client.objectives import OBJECTIVES, build_objective
 from driftfl.common.config import ExperimentConfig, compose
@@ -20,8 +20,8 @@ from driftfl.common.models import MODELS
 from driftfl.common.partition import PARTITIONS
 from driftfl.common.protocol import CONFIG, DATASET_META, EXPERIMENT, PROXIMAL_MU
 from driftfl.methods import METHODS, build_strategy, check_experiment, method_schema
-from driftfl.server.survey import survey_clients
 from driftfl.server.experiment import prepare_experiment
+from driftfl.server.survey import survey_clients
 from driftfl.server.traffic import MeteredGrid
 from driftfl.strategies import AGGREGATIONS, SELECTIONS
 from driftfl.strategies.parts.aggregation import to_numpy
@@ -249,6 +249,7 @@ def test_a_strategy_that_names_a_method_registers_it_and_a_taken_name_is_refused
     """The registry is filled by the classes themselves (registry.py): a base such as
     TeacherStrategy names no method and is not one; a second class under a taken name stops
     at its definition rather than replacing the first."""
+    from driftfl.specs import METHOD_SPECS
     from driftfl.strategies import DriftStrategy, FedAvg
     from driftfl.strategies.methods.teacher import TeacherStrategy
 
@@ -261,9 +262,10 @@ def test_a_strategy_that_names_a_method_registers_it_and_a_taken_name_is_refused
         default_objective = "ntd"
     try:
         assert (METHODS["fedtwin"].strategy, METHODS["fedtwin"].objective) == (FedTwin, "ntd")
+        assert METHOD_SPECS["fedtwin"].objective == "ntd"  # checked as the built-ins are
         with pytest.raises(TypeError, match="two methods are named 'fedavg'"):
             class Impostor(DriftStrategy):
                 method = "fedavg"
         assert METHODS["fedavg"].strategy is FedAvg
     finally:
-        del METHODS["fedtwin"]
+        del METHODS["fedtwin"], METHOD_SPECS["fedtwin"]

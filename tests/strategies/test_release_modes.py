@@ -9,9 +9,11 @@ import re
 
 import numpy as np
 import pytest
-from flwr.app import ConfigRecord
-
 from conftest import REPO
+from flwr.app import ConfigRecord
+from test_methods import fmnist_nodes
+from test_secagg import RecordingGrid
+
 from driftfl.client.objectives import OBJECTIVES
 from driftfl.common.config import compose
 from driftfl.common.protocol import DATASET_META, EXPERIMENT, METHOD, model_to_arrays
@@ -19,8 +21,7 @@ from driftfl.methods import METHODS, build_strategy
 from driftfl.server.experiment import prepare_experiment
 from driftfl.server.secure import secure_train_round
 from driftfl.server.survey import survey_clients
-from test_methods import fmnist_nodes
-from test_secagg import RecordingGrid
+from driftfl.specs import METHOD_SPECS, OBJECTIVE_SPECS
 
 CLIENTS = 3
 TINY = ["model=mlp", "dataset.subset=1500", "dataset.test_subset=200", f"num_clients={CLIENTS}",
@@ -44,7 +45,9 @@ def fedcentre():
     strategy = guide_module("class FedCentre(DriftStrategy)")["FedCentre"]
     assert METHODS["fedcentre"].strategy is strategy and METHODS["fedcentre"].objective == "centre"
     yield strategy
-    del METHODS["fedcentre"], OBJECTIVES["centre"]  # the repository's registries as they were
+    # the repository's registries as they were
+    del METHODS["fedcentre"], OBJECTIVES["centre"], METHOD_SPECS["fedcentre"]
+    del OBJECTIVE_SPECS["centre"]
 
 
 def round_under(overrides: list[str], secure: bool = False, drop: int | None = None):

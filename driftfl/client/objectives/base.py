@@ -12,6 +12,8 @@ from torch import nn
 from driftfl.common.errors import lookup
 from driftfl.common.settings import NoSettings, Settings, validated
 from driftfl.common.training import Batch, TrainStats  # noqa: F401  (objectives import them here)
+from driftfl.specs import ObjectiveSpec, declare_objective
+from driftfl.specs import objectives as declared
 
 if TYPE_CHECKING:
     from driftfl.client.job import ClientJob
@@ -28,9 +30,12 @@ class Objective:
     (2) returns the batch loss (``loss``; most add ``weight * term`` to the cross-entropy),
     (3) may report diagnostics that travel back in the reply's metrics. It declares its
     settings once (``Settings``, read from the experiment's ``strategy`` section) and the
-    records or config keys it ``needs`` from the server's strategy.
+    records or config keys it ``needs`` from the server's strategy: the built-ins in their
+    declaration (``spec``, driftfl.specs.objectives: checked before torch loads), an objective
+    of one's own on its class (``name``, ``Settings``, ``needs``).
     """
 
+    spec: ClassVar[ObjectiveSpec] = declared.CE
     name: ClassVar[str] = "ce"
     Settings: ClassVar[type[Settings]] = NoSettings
     needs: ClassVar[frozenset[str]] = frozenset()
@@ -38,8 +43,12 @@ class Objective:
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
-        if "name" in cls.__dict__:
-            OBJECTIVES[cls.name] = cls
+        spec = cls.__dict__.get("spec")
+        if spec is None and "name" in cls.__dict__:  # declared on its class alone
+            spec = declare_objective(ObjectiveSpec(cls.name, cls.Settings, cls.needs))
+        if spec is not None:
+            cls.name, cls.Settings, cls.needs = spec.name, spec.Settings, spec.needs
+            OBJECTIVES[spec.name] = cls
 
     def __init__(self, settings: Settings, job: ClientJob | None = None):
         self.settings = settings

@@ -13,10 +13,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 import torch.nn.functional as F
-from pydantic import Field, field_validator
 
 from driftfl.common.protocol import CLASS_ALPHA, CLASS_PHI
-from driftfl.common.settings import Settings
+from driftfl.specs import objectives as declared
 
 from .distill import Distillation, soft_cross_entropy
 
@@ -41,28 +40,8 @@ def cad_loss(logits, global_logits, labels, alpha: torch.Tensor, temperature: fl
     return ((1 - a) * ce + a * distill).mean()
 
 
-class CADSettings(Settings):
-    gamma_min: float = Field(0.25, ge=0, le=1, description=(
-        "alpha_y's floor (the paper's beta): the distillation weight of a class the global "
-        "model knows worst"))
-    gamma_max: float = Field(0.5, ge=0, le=1, description=(
-        "alpha_y's ceiling (the paper's gamma): the distillation weight of a class the global "
-        "model knows best; at least gamma_min"))
-    temperature: float = Field(1.0, gt=0, description=(
-        "T: the distillation temperature of softmax_T(z_g) and softmax_T(z)"))
-
-    @field_validator("gamma_max")
-    @classmethod
-    def _at_least_gamma_min(cls, value, info):
-        low = info.data.get("gamma_min")
-        if low is not None and value < low:
-            raise ValueError(f"must be >= gamma_min ({low})")
-        return value
-
-
 class CAD(Distillation):
-    name = "cad"
-    Settings = CADSettings
+    spec = declared.CAD
 
     def prepare(self, model, x, y) -> None:
         super().prepare(model, x, y)

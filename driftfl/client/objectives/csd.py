@@ -23,16 +23,15 @@ through delta).
 from __future__ import annotations
 
 import hashlib
-from typing import Literal
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context
-from pydantic import Field
 
 from driftfl.common.protocol import CONFIG, PROTOTYPES, PROTOTYPES_IN_REPLY, TEACHER
-from driftfl.common.settings import Settings
+from driftfl.specs import objectives as declared
+from driftfl.specs.objectives import CSDSettings
 
 from .distill import Distillation, logits_of
 
@@ -107,33 +106,8 @@ def recall_teacher_logits(context: Context, teacher: ArrayRecord, n: int) -> tor
     return torch.from_numpy(np.array(logits)) if len(logits) == n else None
 
 
-class CSDSettings(Settings):
-    mu: float = Field(0.001, ge=0, description="weight of L_CSD")
-    tau: float = Field(10.0, gt=0, description="distillation temperature")
-    similarity: bool = Field(True, description=(
-        "weight the teacher's logits by softmax(cos(z, P_G,c)); false: plain teacher logits"))
-    mask: Literal["adaptive", "forcible", "off"] = Field("adaptive", description=(
-        "which samples are distilled: adaptive keeps those whose p_teacher(y) > 1/|Y|, "
-        "forcible those whose argmax is y, off all"))
-    prototypes: Literal["exchange", "previous", "local"] = Field("exchange", description=(
-        "where P comes from: exchange (a prototype phase before training each round, the "
-        "paper), previous (the previous round's P_G, one exchange a round), local (each "
-        "client's own, from the teacher's logits: the authors' code)"))
-    combination: Literal["sum", "convex"] = Field("sum", description=(
-        "sum: CE + mu L_CSD (the paper); convex: (1 - mu) CE + mu L_CSD"))
-    mask_on: Literal["teacher", "refined"] = Field("teacher", description=(
-        "the mask is taken on softmax(z_t) (teacher, the paper) or softmax(z_hat) (refined)"))
-    divergence: Literal["cross_entropy", "kl"] = Field("cross_entropy", description=(
-        "soft cross-entropy (the paper) or KL(q_t || q)"))
-    detach_similarity: bool = Field(True, description=(
-        "the similarity weights are a target (the paper's reading); false: the gradient flows "
-        "through them (the authors' code)"))
-
-
 class CSD(Distillation):
-    name = "csd"
-    Settings = CSDSettings
-    needs = frozenset({TEACHER, PROTOTYPES})
+    spec = declared.CSD
     teacher_record = TEACHER
 
     def __init__(self, settings: CSDSettings, job=None):

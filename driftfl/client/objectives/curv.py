@@ -26,12 +26,18 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from flwr.app import Array, ArrayRecord
-from pydantic import Field
 
 from driftfl.common.privacy import clip_update
-from driftfl.common.protocol import (CONFIG, FISHER, FISHER_DELTA, FISHER_PENALTY,
-                                     INCLUDED_ROUND, SUMMED_PAYLOAD)
-from driftfl.common.settings import Settings
+from driftfl.common.protocol import (
+    CONFIG,
+    FISHER,
+    FISHER_DELTA,
+    FISHER_PENALTY,
+    INCLUDED_ROUND,
+    SUMMED_PAYLOAD,
+)
+from driftfl.specs import objectives as declared
+from driftfl.specs.objectives import CurvSettings
 
 from ..privacy import payload_clip
 from ..state import keep, recall
@@ -65,15 +71,8 @@ def diagonal_fisher(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor,
     return {k: s / max(count, 1) for k, s in sums.items()}
 
 
-class CurvSettings(Settings):
-    lam: float = Field(1.0, ge=0, description=(
-        "weight of the Fisher penalty (FedNTD's reference config)"))
-
-
 class Curv(Objective):
-    name = "curv"
-    Settings = CurvSettings
-    needs = frozenset({FISHER_PENALTY})
+    spec = declared.CURV
 
     def __init__(self, settings: CurvSettings, job=None):
         super().__init__(settings, job)

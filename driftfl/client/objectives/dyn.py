@@ -13,10 +13,9 @@ Nothing beyond the model crosses the wire; the server's half is strategies/feddy
 from __future__ import annotations
 
 import torch
-from pydantic import Field
 
 from driftfl.client.state import keep, recall
-from driftfl.common.settings import Settings
+from driftfl.specs import objectives as declared
 
 from .base import Batch, Objective
 
@@ -39,18 +38,11 @@ def next_grad_prev(grad_prev: Tensors, w_local: Tensors, w_global: Tensors,
     return {n: g - alpha * (w_local[n] - w_global[n]) for n, g in grad_prev.items()}
 
 
-class DynSettings(Settings):
-    alpha: float = Field(0.1, ge=0, description=(
-        "weight of the quadratic term and of the state update (FedNTD's reference dyn_alpha); "
-        "0: FedAvg exactly"))
-
-
 class Dyn(Objective):
     """Without a job (unit tests) g_k starts at zero and nothing is kept; a test may set
     ``grad_prev`` after ``prepare``."""
 
-    name = "dyn"
-    Settings = DynSettings
+    spec = declared.DYN
     weight = 1.0  # the regulariser enters with weight 1: alpha is inside it
 
     def prepare(self, model, x, y) -> None:

@@ -4,10 +4,9 @@ no teacher (it would be the initial model), so there is no distillation in round
 
 from __future__ import annotations
 
-from pydantic import Field
-
 from driftfl.common.protocol import TEACHER
-from driftfl.common.settings import Settings
+from driftfl.specs import objectives as declared
+from driftfl.specs.objectives import GKDSettings
 
 from .distill import Distillation, kl_to_teacher
 
@@ -16,16 +15,8 @@ def gkd_term(logits, teacher_logits, tau: float):
     return tau ** 2 * kl_to_teacher(logits, teacher_logits.detach(), tau).mean()
 
 
-class GKDSettings(Settings):
-    gamma: float = Field(0.2, ge=0, description=(
-        "the distillation term's weight is gamma / 2 (the FedGKD paper's 0.2)"))
-    tau: float = Field(1.0, gt=0, description="distillation temperature")
-
-
 class GKD(Distillation):
-    name = "gkd"
-    Settings = GKDSettings
-    needs = frozenset({TEACHER})
+    spec = declared.GKD
     teacher_record = TEACHER
 
     def __init__(self, settings: GKDSettings, job=None):

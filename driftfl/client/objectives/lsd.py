@@ -7,9 +7,8 @@ gamma_min = gamma_max = beta is exactly FedLSD.
 from __future__ import annotations
 
 import torch.nn.functional as F
-from pydantic import Field
 
-from driftfl.common.settings import Settings
+from driftfl.specs import objectives as declared
 
 from .distill import Distillation, soft_cross_entropy
 
@@ -21,16 +20,8 @@ def lsd_loss(logits, teacher_logits, labels, beta: float, temperature: float):
     return (1 - beta) * ce + beta * distill
 
 
-class LSDSettings(Settings):
-    beta: float = Field(0.3, ge=0, le=1, description=(
-        "weight of the distillation term L_d; 1 - beta weighs CE"))
-    temperature: float = Field(1.0, gt=0, description=(
-        "T: the distillation temperature of softmax_T(z_g) and softmax_T(z)"))
-
-
 class LSD(Distillation):
-    name = "lsd"
-    Settings = LSDSettings
+    spec = declared.LSD
 
     def loss(self, batch):
         return lsd_loss(batch.logits, self.teacher(batch), batch.y, self.settings.beta,

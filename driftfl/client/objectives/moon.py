@@ -16,12 +16,12 @@ import copy
 
 import torch
 import torch.nn.functional as F
-from pydantic import Field
 from torch import nn
 
 from driftfl.client.state import keep, recall
 from driftfl.common.evaluation import forward_batch_size
-from driftfl.common.settings import Settings
+from driftfl.specs import objectives as declared
+from driftfl.specs.objectives import MoonSettings
 
 from .base import Batch, Objective
 
@@ -61,15 +61,8 @@ def previous_model(model: nn.Module, stored: dict[str, torch.Tensor] | None) -> 
     return previous
 
 
-class MoonSettings(Settings):
-    mu: float = Field(1.0, ge=0, description=(
-        "weight of the contrastive term L_con (the MOON paper tunes it in {0.1, 1, 5, 10})"))
-    tau: float = Field(0.5, gt=0, description="temperature of the cosine similarities")
-
-
 class Moon(Objective):
-    name = "moon"
-    Settings = MoonSettings
+    spec = declared.MOON
 
     def __init__(self, settings: MoonSettings, job=None):
         super().__init__(settings, job)

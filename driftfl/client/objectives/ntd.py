@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from pydantic import Field
 
-from driftfl.common.settings import Settings
+from driftfl.specs import objectives as declared
+from driftfl.specs.objectives import NTDSettings
 
 from .distill import Distillation, kl_to_teacher
 
@@ -24,14 +24,8 @@ def not_true_kl(logits, teacher_logits, labels, tau: float) -> torch.Tensor:
                          drop_true_class(teacher_logits.detach(), labels), tau).mean()
 
 
-class NTDSettings(Settings):
-    beta: float = Field(1.0, ge=0, description="weight of the not-true distillation term")
-    tau: float = Field(1.0, gt=0, description="distillation temperature")
-
-
 class NTD(Distillation):
-    name = "ntd"
-    Settings = NTDSettings
+    spec = declared.NTD
 
     def __init__(self, settings: NTDSettings, job=None):
         super().__init__(settings, job)

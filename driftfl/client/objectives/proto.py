@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from pydantic import Field
 
 from driftfl.common.protocol import FEATURE_PROTOTYPES
-from driftfl.common.settings import Settings
+from driftfl.specs import objectives as declared
+from driftfl.specs.objectives import ProtoSettings
 
 from .base import Batch, Objective
 from .csd import class_prototypes, prototype_record
@@ -32,15 +32,8 @@ def proto_loss(features: torch.Tensor, labels: torch.Tensor, prototypes: torch.T
     return (held * (features - prototypes[labels].detach()) ** 2).mean()
 
 
-class ProtoSettings(Settings):
-    mu: float = Field(1.0, ge=0, description=(
-        "weight of the prototype term L_p (FedProto's lambda)"))
-
-
 class Proto(Objective):
-    name = "proto"
-    Settings = ProtoSettings
-    needs = frozenset({FEATURE_PROTOTYPES})
+    spec = declared.PROTO
 
     def __init__(self, settings: ProtoSettings, job=None):
         super().__init__(settings, job)

@@ -7,23 +7,17 @@ train message, and that is the value a client uses: one value, one path.
 from __future__ import annotations
 
 import torch
-from pydantic import Field
 
 from driftfl.common.protocol import CONFIG, PROXIMAL_MU
-from driftfl.common.settings import Settings, validated
+from driftfl.common.settings import validated
+from driftfl.specs import objectives as declared
+from driftfl.specs.objectives import ProxSettings
 
 from .base import Batch, Objective
 
 
-class ProxSettings(Settings):
-    mu: float = Field(0.01, ge=0, description=(
-        "weight of the proximal term (the papers use 0.001 or 0.01)"))
-
-
 class Prox(Objective):
-    name = "prox"
-    Settings = ProxSettings
-    needs = frozenset({PROXIMAL_MU})
+    spec = declared.PROX
 
     def __init__(self, settings: ProxSettings, job=None):
         super().__init__(settings, job)

@@ -14,18 +14,15 @@ reply's own model and step count.
 
 from __future__ import annotations
 
-from typing import Literal
-
 import numpy as np
 import torch
 from flwr.app import Array, ArrayRecord
-from pydantic import Field
 from torch import nn
 
 from driftfl.client.state import keep, recall
 from driftfl.common.protocol import CONTROL, CONTROL_DELTA
-from driftfl.common.settings import Settings
 from driftfl.common.sgd import nova_normaliser
+from driftfl.specs import objectives as declared
 
 from .base import Objective
 
@@ -59,20 +56,11 @@ def norm(tensors: Tensors) -> float:
     return float(torch.sqrt(sum((t.double() ** 2).sum() for t in tensors.values())))
 
 
-class ScaffoldSettings(Settings):
-    divisor: Literal["effective", "steps"] = Field("effective", description=(
-        "a_k in c_k+ = c_k - c + (w_G - w_k) / (a_k lr): effective, FedNova's momentum-aware "
-        "step count (tau_k without momentum; FedNTD's code); steps, tau_k always (the paper's "
-        "formula)"))
-
-
 class Scaffold(Objective):
     """Cross-entropy with the corrected gradient. Without a job (unit tests) c = c_k = 0 and
     nothing is kept."""
 
-    name = "scaffold"
-    Settings = ScaffoldSettings
-    needs = frozenset({CONTROL})
+    spec = declared.SCAFFOLD
 
     def prepare(self, model, x, y) -> None:
         self.params = {n: p for n, p in model.named_parameters() if p.requires_grad}

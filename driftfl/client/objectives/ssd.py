@@ -10,15 +10,13 @@ lam's default follows the class count: 0.1 / |Y| (the paper's 0.01 for 10 classe
 
 from __future__ import annotations
 
-from typing import Literal
-
 import numpy as np
 import torch
 import torch.nn.functional as F
-from pydantic import Field
 
 from driftfl.common.protocol import CREDIBILITY
-from driftfl.common.settings import Settings
+from driftfl.specs import objectives as declared
+from driftfl.specs.objectives import SSDSettings
 
 from .distill import Distillation, kl_to_teacher
 
@@ -42,24 +40,10 @@ def ssd_loss(logits, global_logits, labels, credibility, lam: float, psi: str = 
     return (weights * (global_logits - logits) ** 2).sum(dim=1).mean()
 
 
-class SSDSettings(Settings):
-    lam: float | None = Field(None, ge=0, description=(
-        "upper bound of every distillation weight; null: 0.1 / the number of classes"))
-    psi: Literal["sqrt", "identity"] = Field("sqrt", description=(
-        "sample credibility psi(p_g,y): sqrt (1 - sqrt(1 - p)) or identity"))
-    distill_loss: Literal["selective", "mse", "kl"] = Field("selective", description=(
-        "selective (FedSSD); mse or kl: a constant weight lam (the ablation)"))
-
-    def for_classes(self, num_classes: int) -> SSDSettings:
-        return self if self.lam is not None else self.model_copy(update={"lam": 0.1 / num_classes})
-
-
 class SSD(Distillation):
     """The teacher is the received global model; the loss is CE + the distillation term."""
 
-    name = "ssd"
-    Settings = SSDSettings
-    needs = frozenset({CREDIBILITY})
+    spec = declared.SSD
 
     def __init__(self, settings: SSDSettings, job=None):
         super().__init__(settings, job)

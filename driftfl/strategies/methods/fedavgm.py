@@ -4,24 +4,17 @@ from __future__ import annotations
 
 import numpy as np
 from flwr.serverapp import strategy as flwr_strategy
-from pydantic import Field
 
-from driftfl.strategies.base import DriftStrategy, StrategySettings
+from driftfl.specs import methods as declared
+from driftfl.strategies.base import DriftStrategy
 from driftfl.strategies.flower_first import FlowerFirst
 from driftfl.strategies.parts.aggregation import to_numpy, to_record
-
-
-class FedAvgMSettings(StrategySettings):
-    server_lr: float = Field(1.0, ge=0, description="eta_s: the server's learning rate")
-    server_momentum: float = Field(0.9, ge=0, lt=1, description="beta: the server's momentum")
 
 
 class FedAvgM(FlowerFirst, flwr_strategy.FedAvgM, DriftStrategy):
     """Flower's server momentum, applied to DriftStrategy's checked aggregate."""
 
-    method = "fedavgm"
-
-    Settings = FedAvgMSettings
+    spec = declared.FEDAVGM
 
     @classmethod
     def arguments(cls, settings, *, model, aux_set, **_):

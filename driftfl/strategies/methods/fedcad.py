@@ -4,31 +4,16 @@ the clients estimate it on their own data."""
 
 from __future__ import annotations
 
-from typing import Literal
-
 from flwr.app import Array, ArrayRecord
-from pydantic import Field
 
 from driftfl.common.protocol import CLASS_PHI
-
-from driftfl.strategies.parts.aux_set import AuxSet, AuxSetSettings
+from driftfl.specs import methods as declared
 from driftfl.strategies.base import DriftStrategy
-
-
-class FedCADSettings(AuxSetSettings):
-    alpha_source: Literal["local", "aux"] = Field("local", description=(
-        "where E_{x|y}[phi] is estimated: local, on each client's data; aux, on the server's "
-        "aux set"))
-
-    def aux_set_per_class(self) -> int:
-        return self.aux_per_class if self.alpha_source == "aux" else 0
+from driftfl.strategies.parts.aux_set import AuxSet
 
 
 class FedCAD(DriftStrategy):
-    method = "fedcad"
-    default_objective = "cad"
-    Settings = FedCADSettings
-    provides = frozenset({CLASS_PHI})
+    spec = declared.FEDCAD
 
     def __init__(self, *, aux_set: AuxSet | None, **kwargs):
         super().__init__(**kwargs)

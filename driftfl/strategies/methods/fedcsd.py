@@ -28,19 +28,22 @@ import math
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
 from flwr.common.constant import SUPERLINK_NODE_ID
-from pydantic import Field
 
 from driftfl.common.error_replies import error_reason, log_refused
-from driftfl.common.protocol import (CONFIG, CSD_PROTOTYPES, PROTOTYPES, PROTOTYPES_IN_REPLY,
-                                     TEACHER)
-
-from driftfl.strategies.parts.aggregation import to_record
-from driftfl.strategies.base import StrategySettings
-from driftfl.strategies.methods.prototypes import (combined, common_rows, noise_floor, outliers,
-                                                   prototype_scale, screened, summed,
-                                                   survey_problem)
+from driftfl.common.protocol import CONFIG, CSD_PROTOTYPES, PROTOTYPES, PROTOTYPES_IN_REPLY, TEACHER
+from driftfl.specs import methods as declared
+from driftfl.strategies.methods.prototypes import (
+    combined,
+    common_rows,
+    noise_floor,
+    outliers,
+    prototype_scale,
+    screened,
+    summed,
+    survey_problem,
+)
 from driftfl.strategies.methods.teacher import EMATeacher
-
+from driftfl.strategies.parts.aggregation import to_record
 
 # No teacher logit comes near this; a larger "prototype" is corrupt or hostile.
 PROTOTYPE_BOUND = 1e4
@@ -87,25 +90,12 @@ def global_prototypes(replies: list[tuple[np.ndarray, np.ndarray]],
     return (total / np.maximum(holders, 1)[:, None]).astype(np.float32)
 
 
-class FedCSDSettings(StrategySettings):
-    alpha: float = Field(0.9, ge=0, lt=1, description=(
-        "teacher momentum (TMA): teacher <- alpha teacher + (1 - alpha) global"))
-    tma: bool = Field(True, description=(
-        "false: the teacher is the last global model (alpha = 0)"))
-
-
 class FedCSD(EMATeacher):
     """``source``: exchange, previous or local (the objective's ``prototypes`` setting: where
     P comes from); ``num_classes``: the rows of P_G."""
 
-    method = "fedcsd"
-    default_objective = "csd"
-
-    Settings = FedCSDSettings
-    provides = frozenset({TEACHER, PROTOTYPES})
-    payload_record = PROTOTYPES  # with prototypes=previous
+    spec = declared.FEDCSD
     payload_words = "FedCSD's class prototypes"
-    payload_clip = 5.0
 
     def __init__(self, *, source: str, num_classes: int, **kwargs):
         super().__init__(**kwargs)
@@ -121,15 +111,6 @@ class FedCSD(EMATeacher):
         return {"alpha": settings.alpha if settings.tma else 0.0,
                 "source": settings.prototypes,
                 "num_classes": model.head.out_features}
-
-    @classmethod
-    def protection_problem(cls, settings) -> str | None:
-        if settings.prototypes == "exchange":
-            return ("strategy.prototypes=exchange runs a prototype phase before training, a "
-                    "second exchange each round that neither covers; set "
-                    "strategy.prototypes=previous (the prototypes ride in the train reply, "
-                    "covered with the update) or local (none are sent)")
-        return None
 
     @property
     def sends_payload(self) -> bool:

@@ -33,11 +33,11 @@ from __future__ import annotations
 import numpy as np
 from flwr.app import Array, ArrayRecord
 
-from driftfl.common.protocol import FISHER, FISHER_DELTA, FISHER_PENALTY, INCLUDED_ROUND
-
+from driftfl.common.protocol import FISHER, FISHER_PENALTY, INCLUDED_ROUND
+from driftfl.specs import methods as declared
+from driftfl.strategies.base import DriftStrategy
 from driftfl.strategies.parts import guard
 from driftfl.strategies.parts.aggregation import model_norm, update_norm
-from driftfl.strategies.base import DriftStrategy
 
 # A squared gradient component above this is no Fisher a sane model produces: corrupt or hostile.
 FISHER_BOUND = 1e6
@@ -69,13 +69,8 @@ def check_fisher(record: ArrayRecord | None,
 class FedCurv(DriftStrategy):
     """``param_keys``: the model's trainable parameters (its other arrays are buffers)."""
 
-    method = "fedcurv"
-    default_objective = "curv"
-
-    provides = frozenset({FISHER_PENALTY})
-    payload_record = FISHER_DELTA  # under privacy or secagg
+    spec = declared.FEDCURV
     payload_words = "FedCurv's Fisher term changes"
-    payload_clip = 1.0
 
     def __init__(self, *, param_keys: frozenset[str], **kwargs):
         super().__init__(**kwargs)
@@ -199,7 +194,6 @@ class FedCurv(DriftStrategy):
             self.norms.update({u.node_id: model_norm(fisher[u.node_id])
                                for u in self.last_updates})
         return arrays, metrics
-
 
     def add_changes(self, server_round: int) -> None:
         """The totals plus the round's (noised) sum of the changes, if sane; the nodes summed

@@ -23,9 +23,10 @@ from logging import WARNING
 import numpy as np
 from flwr.supercore import log
 
+from driftfl.specs import methods as declared
+from driftfl.strategies.base import DriftStrategy
 from driftfl.strategies.parts.aggregation import to_record, update_norm
 from driftfl.strategies.parts.guard import move_scale
-from driftfl.strategies.base import DriftStrategy
 
 Arrays = dict[str, np.ndarray]
 
@@ -48,12 +49,8 @@ class FedDyn(DriftStrategy):
     """``param_keys``: the trainable parameters' names; ``num_clients``: K; ``alpha``: the
     clients' alpha."""
 
-    method = "feddyn"
-    default_objective = "dyn"
-    objective_fixed = True  # its server update assumes its clients' objective
-
+    spec = declared.FEDDYN
     server_columns = frozenset({"server_h_norm"})
-    unprotected = "its h, a running sum of every client's own unclipped model"
 
     def __init__(self, *, param_keys: tuple[str, ...], num_clients: int, alpha: float,
                  **kwargs):

@@ -5,26 +5,16 @@ from __future__ import annotations
 from collections import deque
 
 import numpy as np
-from pydantic import Field
 
-from driftfl.common.settings import MANY
+from driftfl.specs import methods as declared
 from driftfl.strategies.methods.teacher import TeacherStrategy, mean_of
-from driftfl.strategies.settings import StrategySettings
-
-
-class FedGKDSettings(StrategySettings):
-    buffer_size: int = Field(5, ge=1, le=MANY, description=(
-        "M: the teacher is the parameter average of the last M global models"))
 
 
 class FedGKD(TeacherStrategy):
     """Teacher = parameter average of the last ``buffer_size`` global models, the initial one
     included; round 1 sends none (its teacher would be the untrained initial model)."""
 
-    method = "fedgkd"
-    default_objective = "gkd"
-
-    Settings = FedGKDSettings
+    spec = declared.FEDGKD
 
     def __init__(self, *, buffer_size: int, **kwargs):
         super().__init__(**kwargs)

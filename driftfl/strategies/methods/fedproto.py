@@ -24,20 +24,24 @@ plain) P_G is made of the sum of the P_k alone (prototypes.summed): see prototyp
 from __future__ import annotations
 
 import math
-from typing import Literal
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, Message
-from pydantic import Field
 
 from driftfl.common.protocol import FEATURE_PROTOTYPES
-
-from driftfl.strategies.parts.aggregation import ClientUpdate
-from driftfl.strategies.base import DriftStrategy, StrategySettings
+from driftfl.specs import methods as declared
+from driftfl.strategies.base import DriftStrategy
 from driftfl.strategies.methods.fedcsd import check_prototypes
-from driftfl.strategies.methods.prototypes import (combined, common_rows, noise_floor,
-                                                   prototype_scale, screened, summed,
-                                                   survey_problem)
+from driftfl.strategies.methods.prototypes import (
+    combined,
+    common_rows,
+    noise_floor,
+    prototype_scale,
+    screened,
+    summed,
+    survey_problem,
+)
+from driftfl.strategies.parts.aggregation import ClientUpdate
 
 
 def check_feature_prototypes(msg: Message, num_classes: int, dim: int,
@@ -65,26 +69,13 @@ def weighted_prototypes(replies: list[tuple[np.ndarray, np.ndarray]], num_classe
     return (total / np.maximum(held, 1)[:, None]).astype(np.float32), present
 
 
-class FedProtoSettings(StrategySettings):
-    prototype_mean: Literal["weighted", "plain"] = Field("weighted", description=(
-        "P_G,c: weighted by the holders' counts of c (docs/algorithms.md); plain: their plain "
-        "mean (the authors' code)"))
-
-
 class FedProto(DriftStrategy):
     """``num_classes``, ``feature_dim``: the prototypes are (C, d), d the head's input;
     ``by_counts``: P_G,c weighted by the holders' counts of c (False: a plain mean)."""
 
-    method = "fedproto"
-    default_objective = "proto"
-
-    Settings = FedProtoSettings
+    spec = declared.FEDPROTO
     server_columns = frozenset({"prototype_classes"})
-    payload_record = FEATURE_PROTOTYPES
     payload_words = "FedProto's class prototypes"
-    payload_clip = 10.0
-
-    provides = frozenset({FEATURE_PROTOTYPES})
 
     def __init__(self, *, num_classes: int, feature_dim: int, by_counts: bool = True, **kwargs):
         super().__init__(**kwargs)
@@ -97,16 +88,6 @@ class FedProto(DriftStrategy):
     def arguments(cls, settings, *, model, aux_set, **_):
         return {"num_classes": model.head.out_features, "feature_dim": model.head.in_features,
                 "by_counts": settings.prototype_mean == "weighted"}
-
-    @classmethod
-    def protection_problem(cls, settings) -> str | None:
-        if settings.prototype_mean == "weighted":
-            return ("strategy.prototype_mean=weighted weighs each client's prototypes by its "
-                    "own class counts, which noise for one clipped client does not cover and "
-                    "SecAgg+'s one weight per client cannot carry; set "
-                    "strategy.prototype_mean=plain (each holder counts once, as in the "
-                    "authors' code)")
-        return None
 
     def payload(self) -> dict[str, tuple[int, ...]]:
         return {"prototypes": (self.num_classes, self.feature_dim)}

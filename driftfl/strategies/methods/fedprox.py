@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from flwr.serverapp import strategy as flwr_strategy
 
-from driftfl.common.protocol import PROXIMAL_MU
+from driftfl.specs import methods as declared
 from driftfl.strategies.base import DriftStrategy
 from driftfl.strategies.flower_first import FlowerFirst
 
@@ -14,10 +14,7 @@ class FedProx(FlowerFirst, flwr_strategy.FedProx, DriftStrategy):
     """Flower's FedProx: sends the ``prox`` objective's mu as ``proximal-mu``; the clients'
     ``prox`` objective adds the proximal term with it."""
 
-    method = "fedprox"
-    default_objective = "prox"
-
-    provides = frozenset({PROXIMAL_MU})
+    spec = declared.FEDPROX
 
     @classmethod
     def arguments(cls, settings, *, model, aux_set, **_):

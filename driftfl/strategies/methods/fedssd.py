@@ -7,16 +7,13 @@ import numpy as np
 from flwr.app import Array, ArrayRecord
 
 from driftfl.common.protocol import CREDIBILITY
-
-from driftfl.strategies.parts.aux_set import AuxSet, AuxSetSettings
+from driftfl.specs import methods as declared
 from driftfl.strategies.base import DriftStrategy
+from driftfl.strategies.parts.aux_set import AuxSet
 
 
 class FedSSD(DriftStrategy):
-    method = "fedssd"
-    default_objective = "ssd"
-    Settings = AuxSetSettings
-    provides = frozenset({CREDIBILITY})
+    spec = declared.FEDSSD
     server_columns = frozenset({"credibility_diag_mean"})
 
     def __init__(self, *, aux_set: AuxSet, **kwargs):

@@ -33,10 +33,10 @@ from flwr.app import Message
 
 from driftfl.common.protocol import CONTROL, CONTROL_DELTA, LOCAL_STEPS
 from driftfl.common.sgd import nova_normaliser
-
+from driftfl.specs import methods as declared
+from driftfl.strategies.base import DriftStrategy
 from driftfl.strategies.parts.aggregation import ClientUpdate, model_norm, to_record
 from driftfl.strategies.parts.guard import move_scale
-from driftfl.strategies.base import DriftStrategy
 
 # ||Delta c_reply - Delta c_server|| may be at most this times ||c|| + ||(w_G - w_k)/(a_k lr)||.
 # The client forms each entry with three float32 roundings (w_G - w_k, the division, minus c),
@@ -88,16 +88,9 @@ class Scaffold(DriftStrategy):
     """``param_keys``: the trainable parameters' names; ``num_clients``: K; ``lr``,
     ``momentum``: the clients' SGD; ``divisor``: the clients' a_k (effective or steps)."""
 
-    method = "scaffold"
-    default_objective = "scaffold"
-    objective_fixed = True  # its server update assumes its clients' objective
-
+    spec = declared.SCAFFOLD
     server_columns = frozenset({"server_control_norm"})
-
-    provides = frozenset({CONTROL})
-    payload_record = CONTROL_DELTA
     payload_words = "SCAFFOLD's control deltas"
-    payload_clip = 0.3
 
     def __init__(self, *, param_keys: tuple[str, ...], num_clients: int, lr: float,
                  momentum: float, divisor: str = "effective", **kwargs):

@@ -11,12 +11,13 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, Message
 from torch import nn
 
-from driftfl.common.config import ExperimentConfig
-from driftfl.common.columns import MAX_METRIC, metric_name_problem
-from driftfl.common.error_replies import error_reason
-from driftfl.common.protocol import (ARRAYS, LOCAL_STEPS, METRICS, NUM_EXAMPLES,
-                                     PER_CLASS_METRICS)
 from driftfl.common import settings
+from driftfl.common.columns import MAX_METRIC, metric_name_problem
+from driftfl.common.config import ExperimentConfig
+from driftfl.common.error_replies import error_reason
+from driftfl.common.protocol import ARRAYS, LOCAL_STEPS, METRICS, NUM_EXAMPLES, PER_CLASS_METRICS
+from driftfl.specs import PartSpec
+from driftfl.specs import parts as declared
 from driftfl.strategies.registry import written_columns
 
 
@@ -199,7 +200,9 @@ class Aggregation:
     Every other rule refines it: its weights (FedDisco), its update (FedNova), or the whole
     aggregate (robust rules)."""
 
-    # the ``aggregation`` section's settings
+    # what the rule declares (driftfl.specs.parts, checked before torch loads): the
+    # ``aggregation`` section's settings, and ``individual`` below
+    spec: ClassVar[PartSpec] = declared.AGGREGATIONS["mean"]
     Settings: ClassVar[type[settings.Settings]] = settings.NoSettings
     # robust rules apply themselves to a method's extra payloads too (``combine``); a method
     # keeps its paper's own formula for those under a plain rule
@@ -211,13 +214,14 @@ class Aggregation:
     # method's state made of the replies' models is then bounded with them
     bounds_updates: ClassVar[bool] = False
 
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if "spec" in cls.__dict__:
+            cls.Settings, cls.individual = cls.spec.Settings, cls.spec.individual
+
     @classmethod
     def from_config(cls, cfg: ExperimentConfig, model: nn.Module) -> Aggregation:
         return cls()
-
-    @classmethod
-    def check(cls, cfg: ExperimentConfig) -> None:
-        """Refuse (ConfigError) an experiment this rule cannot serve, before anything runs."""
 
     def meet(self, clients: list[dict]) -> None:
         """What the data survey found (node_id, partition_id, num_examples, label_histogram

@@ -7,23 +7,9 @@ import copy
 
 import numpy as np
 import torch
-from pydantic import Field
 from torch import nn
 
 from driftfl.common.protocol import load_numpy
-from driftfl.common.settings import MANY
-
-from driftfl.strategies.settings import StrategySettings
-
-
-class AuxSetSettings(StrategySettings):
-    """For strategies that keep an aux set: how many samples of each class it holds."""
-
-    aux_per_class: int = Field(64, ge=1, le=MANY, description=(
-        "the server's aux set: training samples of each class held back from every client"))
-
-    def aux_set_per_class(self) -> int:
-        return self.aux_per_class
 
 
 class AuxSet:

@@ -28,10 +28,10 @@ from dataclasses import replace
 
 import numpy as np
 
+from driftfl.specs.parts import replies_per_round
 from driftfl.strategies.parts.aggregation import Aggregation, ClientUpdate, update_norm
 from driftfl.strategies.parts.guard import nonzero_lower_median
 from driftfl.strategies.parts.history import History
-from driftfl.strategies.parts.robust import replies_per_round
 
 Vectors = list[dict[str, np.ndarray]]
 

@@ -13,21 +13,10 @@ change its weight by what it reports.
 
 from __future__ import annotations
 
-from typing import Literal
-
 import numpy as np
-from pydantic import Field
 
-from driftfl.common.settings import Settings
-
+from driftfl.specs import parts as declared
 from driftfl.strategies.parts.aggregation import Aggregation, ClientUpdate, example_weights
-
-
-class FedDiscoSettings(Settings):
-    a: float = Field(0.5, ge=0, description="weight of the discrepancy d_k")
-    b: float = Field(0.1, description="offset added before the ReLU")
-    metric: Literal["l2", "kl"] = Field("l2", description=(
-        "d_k: ||D_k - U||_2 (l2), or the authors' scripts' KL"))
 
 
 def discrepancy(histogram: np.ndarray, metric: str = "l2") -> float:
@@ -59,8 +48,7 @@ def disco_weights(num_examples: np.ndarray, discrepancies: np.ndarray, a: float,
 
 
 class FedDiscoAggregation(Aggregation):
-    Settings = FedDiscoSettings
-    individual = "FedDisco reweighs each client's individual update by its label discrepancy"
+    spec = declared.AGGREGATIONS["feddisco"]
 
     def __init__(self, *, a: float, b: float, metric: str = "l2") -> None:
         self.a, self.b, self.metric = a, b, metric

@@ -16,7 +16,7 @@ import numpy as np
 
 from driftfl.common.protocol import LOCAL_STEPS
 from driftfl.common.sgd import nova_normaliser
-
+from driftfl.specs import parts as declared
 from driftfl.strategies.parts.aggregation import Aggregation, weighted_average
 
 
@@ -24,7 +24,7 @@ class FedNovaAggregation(Aggregation):
     """``momentum``: the clients' SGD momentum rho; ``param_keys``: the trained parameters
     (the model's other arrays are buffers)."""
 
-    individual = "FedNova normalises each client's update by its own step count"
+    spec = declared.AGGREGATIONS["fednova"]
 
     def __init__(self, *, momentum: float, param_keys: frozenset[str]) -> None:
         self.momentum = momentum

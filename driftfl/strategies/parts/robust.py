@@ -23,7 +23,6 @@ the global model, and the log and metrics.csv say why.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from functools import partial
 
@@ -31,19 +30,18 @@ import numpy as np
 from flwr.app import RecordDict
 from flwr.server.strategy.aggregate import aggregate_median, aggregate_trimmed_avg
 from flwr.serverapp.strategy.multikrum import select_multikrum
-from pydantic import Field
 
-from driftfl.common.errors import ConfigError
 from driftfl.common.protocol import ARRAYS
-from driftfl.common.settings import MANY, Settings
-
-from driftfl.strategies.parts.aggregation import (Aggregation, ClientUpdate, example_weights,
-                                                  to_record, weighted_average, weighted_mean)
-
-
-def replies_per_round(cfg) -> int:
-    """Clients that train in a round when all nodes are up (DriftStrategy.train_count)."""
-    return max(1, math.floor(cfg.num_clients * cfg.fraction + 1e-9))
+from driftfl.specs import parts as declared
+from driftfl.specs.parts import krum_planned, krum_too_few, trimmed_mean_too_few
+from driftfl.strategies.parts.aggregation import (
+    Aggregation,
+    ClientUpdate,
+    example_weights,
+    to_record,
+    weighted_average,
+    weighted_mean,
+)
 
 
 def coordinatewise(updates: list[ClientUpdate], rule: Callable) -> dict[str, np.ndarray]:
@@ -76,14 +74,6 @@ class RobustAggregation(Aggregation):
     def from_config(cls, cfg, model) -> RobustAggregation:
         return cls(**cfg.aggregation.model_dump(exclude={"name"}))
 
-    @classmethod
-    def check(cls, cfg) -> None:
-        n = replies_per_round(cfg)
-        problem = cls.from_config(cfg, None).planned(n)
-        if problem:
-            raise ConfigError(f"aggregation={cls.name} cannot work with the {n} clients per round "
-                              f"that num_clients * fraction gives: {problem}")
-
     def planned(self, n: int) -> str | None:
         """Why n replies per round cannot be the plan (None: they can)."""
         return self.too_few(n)
@@ -104,7 +94,7 @@ class MedianAggregation(RobustAggregation):
     within the good replies' range (with 2 replies it is their mean)."""
 
     name = "median"
-    individual = "the coordinate-wise median needs every client's individual update"
+    spec = declared.AGGREGATIONS["median"]
 
     def aggregate(self, updates, global_arrays):
         return coordinatewise(updates, aggregate_median)
@@ -113,27 +103,18 @@ class MedianAggregation(RobustAggregation):
         return payload_coordinatewise(payloads, aggregate_median)
 
 
-class TrimmedMeanSettings(Settings):
-    beta: float = Field(0.2, ge=0, lt=0.5, description=(
-        "share of the replies cut at each end, per coordinate (0: the plain unweighted mean)"))
-
-
 class TrimmedMeanAggregation(RobustAggregation):
     """``beta``: the share of the n replies cut at each end of every coordinate, int(beta n)
     (0: the plain unweighted mean)."""
 
     name = "trimmed_mean"
-    individual = "the trimmed mean sorts every client's individual update"
-    Settings = TrimmedMeanSettings
+    spec = declared.AGGREGATIONS["trimmed_mean"]
 
     def __init__(self, *, beta: float = 0.2) -> None:
         self.beta = beta
 
     def too_few(self, n):
-        if self.beta > 0 and int(self.beta * n) == 0:
-            return (f"beta={self.beta} cuts int({self.beta} * {n}) = 0 of {n} replies at each "
-                    f"end; it needs at least {math.ceil(1 / self.beta - 1e-9)}")
-        return None
+        return trimmed_mean_too_few(self.beta, n)
 
     def aggregate(self, updates, global_arrays):
         return coordinatewise(updates, partial(aggregate_trimmed_avg, proportiontocut=self.beta))
@@ -143,20 +124,12 @@ class TrimmedMeanAggregation(RobustAggregation):
             payloads, partial(aggregate_trimmed_avg, proportiontocut=self.beta))
 
 
-class KrumSettings(Settings):
-    num_malicious: int = Field(0, ge=0, le=MANY, description=(
-        "f: the bad replies tolerated; a round needs n > 2f + 2 replies"))
-    num_selected: int = Field(1, ge=1, le=MANY, description=(
-        "m: the replies kept and averaged; 1 is Krum, more is Multi-Krum"))
-
-
 class KrumAggregation(RobustAggregation):
     """``num_malicious`` f: the bad replies to tolerate; ``num_selected`` m: the replies kept
     and averaged (by examples, as Flower's MultiKrum), at most n - f in a round."""
 
     name = "krum"
-    individual = "Krum scores every client's individual update"
-    Settings = KrumSettings
+    spec = declared.AGGREGATIONS["krum"]
 
     def __init__(self, *, num_malicious: int = 0, num_selected: int = 1) -> None:
         self.num_malicious = num_malicious
@@ -164,16 +137,10 @@ class KrumAggregation(RobustAggregation):
         self.kept: list[int] = []  # positions of the replies the last aggregate kept
 
     def planned(self, n):
-        if self.num_selected > n - self.num_malicious and not self.too_few(n):
-            return (f"num_selected={self.num_selected} is more than the n - num_malicious = "
-                    f"{n - self.num_malicious} replies that may all be good")
-        return self.too_few(n)
+        return krum_planned(self.num_malicious, self.num_selected, n)
 
     def too_few(self, n):
-        if n <= 2 * self.num_malicious + 2:
-            return (f"Krum with num_malicious={self.num_malicious} needs more than "
-                    f"{2 * self.num_malicious + 2} replies, got {n}")
-        return None
+        return krum_too_few(self.num_malicious, n)
 
     def selected(self, updates: list[ClientUpdate],
                  global_arrays: dict[str, np.ndarray]) -> list[int]:

@@ -15,8 +15,8 @@ from torch import nn
 
 from driftfl.common import settings
 from driftfl.common.config import ExperimentConfig
-
-EXPLORED_CLIENTS = "explored-clients"  # what CKA selection needs its strategy to provide
+from driftfl.specs import PartSpec
+from driftfl.specs import parts as declared
 
 
 @dataclass(frozen=True)
@@ -32,9 +32,16 @@ class Selection:
     """Seeded uniform sampling without replacement: the same seed and round, the same nodes.
     Every other rule refines it (DCFL's CKA-guided exploit/explore, ...)."""
 
-    # the ``selection`` section's settings
+    # what the rule declares (driftfl.specs.parts, checked before torch loads): the
+    # ``selection`` section's settings and what the strategy must provide
+    spec: ClassVar[PartSpec] = declared.SELECTIONS["uniform"]
     Settings: ClassVar[type[settings.Settings]] = settings.NoSettings
-    needs: ClassVar[frozenset[str]] = frozenset()  # what the strategy must provide
+    needs: ClassVar[frozenset[str]] = frozenset()
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if "spec" in cls.__dict__:
+            cls.Settings, cls.needs = cls.spec.Settings, cls.spec.needs
 
     def __init__(self, *, seed: int = 0) -> None:
         self.seed = seed
