@@ -1,6 +1,6 @@
 """Every method through real Flower in local Ray simulation, on real Fashion-MNIST: one sweep
-of quick runs (support.runs.QUICK), one job per method, each in its own directory, submitted
-to the session's simulation host."""
+of quick runs (support.runs.QUICK), one job per method, each in its own directory, and DCFL
+beside it, all submitted to the session's simulation host."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ import subprocess
 import numpy as np
 import pytest
 import yaml
-
 from conftest import driftfl_bin
-from driftfl.methods import METHODS
 from support.runs import QUICK, assert_learned
+
+from driftfl.methods import METHODS
 
 pytestmark = pytest.mark.e2e
 
@@ -21,16 +21,26 @@ pytestmark = pytest.mark.e2e
 @pytest.mark.timeout(1800)  # every method in one sweep
 def test_sweep_runs_every_method_in_its_own_directory(tmp_path, fmnist_available,
                                                       simulation_host):
-    """Hydra's joblib launcher runs the jobs three at a time: each job's own start-up (its
-    command, the data, the partition) overlaps the others', and the host runs one job's
-    Flower run at a time (driftfl.host.SimulationHost.turn)."""
+    """Every method but DCFL is a job of one sweep (Hydra's basic launcher, one job after
+    another in one process, as `driftfl run -m` runs by default); DCFL runs beside it as a run
+    of its own with 100 condensation iterations instead of 1,000 (the default's condensation
+    and what it ships are measured by tests/dcfl and benchmarks/condense_leakage.py; here, what
+    a DCFL run writes). Both submit to the session's host, whose runs take turns
+    (driftfl.host.SimulationHost.turn)."""
     sweep = tmp_path / "sweep"
-    out = subprocess.run([driftfl_bin(), "run", "-m", f"strategy={','.join(METHODS)}",
-                          *QUICK, "hydra/launcher=joblib", "hydra.launcher.n_jobs=3",
+    others = [name for name in METHODS if name != "dcfl"]
+    alone = subprocess.Popen([driftfl_bin(), "run", "strategy=dcfl", *QUICK,
+                              "strategy.condense_iterations=100",
+                              f"hydra.run.dir={sweep / 'dcfl'}"],
+                             cwd=tmp_path, env=simulation_host, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    out = subprocess.run([driftfl_bin(), "run", "-m", f"strategy={','.join(others)}", *QUICK,
                           f"hydra.sweep.dir={sweep}"],
                          cwd=tmp_path, env=simulation_host, capture_output=True, text=True,
                          timeout=1800)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    said = alone.communicate(timeout=900)
+    assert alone.returncode == 0, said[0][-3000:] + said[1][-3000:]
     jobs = {}
     for job in sweep.iterdir():
         if (job / "config.yaml").exists():
@@ -76,8 +86,8 @@ def test_sweep_runs_every_method_in_its_own_directory(tmp_path, fmnist_available
     leakage = json.loads((jobs["dcfl"] / "summary.json").read_text())["condensed_leakage"]
     assert sorted(leakage["clients"]) == ["0", "1", "2", "3"]
     assert leakage == json.loads((jobs["dcfl"] / "audit.json").read_text())
-    # the default ships no near-copies, and each client's own measure, sent with its set,
-    # agrees with the audit's, made from the data after the run
+    # no near-copies shipped, and each client's own measure, sent with its set, agrees with
+    # the audit's, made from the data after the run
     assert leakage["overall"]["share"] <= 0.05
     own = {name.removeprefix("client_"): median for row in dcfl
            for name, median in row.get("condensed_similarity", {}).items()}

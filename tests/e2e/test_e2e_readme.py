@@ -38,16 +38,6 @@ def walk(tmp_path, simulation_host):
         walk.close()
 
 
-@pytest.fixture
-def own_walk(tmp_path):
-    """A walk whose runs start their own host: stopping a run is what it is about."""
-    walk = Walk(REPO, tmp_path)
-    try:
-        yield walk
-    finally:
-        walk.close()
-
-
 def jobs(sweep: str) -> int:
     """How many jobs a sweep command makes: the product of its comma lists."""
     return math.prod(len(word.split("=", 1)[1].split(",")) for word in sweep.split()
@@ -82,12 +72,12 @@ def test_the_running_and_report_blocks_run_as_written(walk, fmnist_available):
         assert (walk.cwd / "sweeps" / "dir01" / name).is_file(), name
 
 
-def test_a_stopped_run_resumes_as_the_readme_says(own_walk, fmnist_available):
+def test_a_stopped_run_resumes_as_the_readme_says(walk, fmnist_available):
     """The user's run was stopped with Ctrl-C after a round, which said how to go on in one
     line; the README's command goes on and ends with the same bytes and rows as the run never
     stopped (clients finish in any order; the server averages in node order). Another setting
-    is refused before anything is written."""
-    walk = own_walk
+    is refused before anything is written. The stopped run starts a host of its own (stopping
+    it is what the test is about); the others submit to the session's."""
     [block] = sections(RUNNING)["Stopping and resuming a run"]
     [command] = commands(block)
     walk.rounds = 3
@@ -97,7 +87,8 @@ def test_a_stopped_run_resumes_as_the_readme_says(own_walk, fmnist_available):
     with open(walk.root / "stopped.err", "w") as err:
         # Ctrl-C as a terminal delivers it, even when the suite itself was started in the
         # background (where a shell ignores SIGINT, and every child inherits that)
-        run = subprocess.Popen(["bash", "-c", f"exec {started}"], cwd=walk.cwd, env=walk.env,
+        alone = {k: v for k, v in walk.env.items() if k != HOST_ENV}
+        run = subprocess.Popen(["bash", "-c", f"exec {started}"], cwd=walk.cwd, env=alone,
                                stdout=subprocess.DEVNULL, stderr=err, start_new_session=True,
                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         deadline = time.monotonic() + 600
