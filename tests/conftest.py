@@ -85,7 +85,7 @@ def simulation_host(tmp_path_factory):
         host.close(quick=True)
 
 
-# seconds each of the longest modules took with three workers on 2 cores (benchmarks/
+# seconds each of the longest modules took with two workers on 2 cores (benchmarks/
 # suite_time.py, docs/benchmarks.md): they start first, so that none is left running alone at
 # the end of the suite while the other workers idle
 LONGEST = {"tests/e2e/test_e2e_readme.py": 610, "tests/e2e/test_e2e_deployment_two_nodes.py": 500,
@@ -111,7 +111,9 @@ def pytest_collection_modifyitems(config, items):
 
 
 def pytest_xdist_auto_num_workers(config):
-    """``-n auto``: one and a half workers per core, at least two and at most six. An e2e test
-    spends much of its time waiting on the processes it started (a SuperNode polls every 3 s,
-    a container image builds from the network), time another worker's test can use."""
-    return min(6, max(2, round(1.5 * (os.cpu_count() or 1))))
+    """``-n auto``: a worker per core, at least two and at most six. An e2e test waits on the
+    processes it started (a SuperNode polls every 3 s), time another worker's test can use; but
+    each test starts several processes (a run's ServerApp and Ray actors), and Flower's and
+    Ray's processes poll while they wait, so a crowded machine spends more CPU on the same
+    suite: on 2 cores, 3 workers took 44 min where 2 took 30 (benchmarks/suite_time.py)."""
+    return min(6, max(2, os.cpu_count() or 1))

@@ -9,7 +9,9 @@ same):
   ``dataset.test_subset`` (in ``driftfl run``/``split`` overrides and in ``flwr run``'s
   ``overrides='...'``);
 - the example host names (``fl.example.org``, ``203.0.113.7``) become 127.0.0.1, the machine the
-  test runs on.
+  test runs on;
+- a sweep (``driftfl run -m``) runs 3 jobs at a time with Hydra's joblib launcher
+  (``hydra/launcher=joblib``, which driftfl installs): the same jobs and directories, sooner.
 Servers (a SuperLink, a SuperNode, the fleet proxy) are started in the background, as a user
 starts them in another terminal, and stopped when the walk ends.
 """
@@ -32,6 +34,7 @@ HEADING = re.compile(r"^(#{1,4}) (.+)$", re.MULTILINE)
 HOSTS = {"fl.example.org": "127.0.0.1", "203.0.113.7": "127.0.0.1"}
 SERVERS = ("flower-superlink", "flower-supernode")
 SUBSET = "dataset.subset=2000 dataset.test_subset=500"
+PARALLEL_SWEEP = "hydra/launcher=joblib hydra.launcher.n_jobs=3"
 
 
 def headings(text: str) -> list[re.Match]:
@@ -93,6 +96,8 @@ def smaller(command: str, rounds: int) -> str:
         command += f" {SUBSET}"
         if command.split()[1] == "run" and "rounds=" not in command:  # an experiment's own
             command += f" rounds={rounds}"
+        if command.split()[1:3] == ["run", "-m"]:
+            command += f" {PARALLEL_SWEEP}"
     return command
 
 

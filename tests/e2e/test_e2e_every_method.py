@@ -5,6 +5,7 @@ beside it, all submitted to the session's simulation host."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 
 import numpy as np
@@ -15,32 +16,53 @@ from support.runs import QUICK, assert_learned
 
 from driftfl.methods import METHODS
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]  # the first test starts the sweep
+DCFL_ITERATIONS = 100
 
 
-@pytest.mark.timeout(1800)  # every method in one sweep
-def test_sweep_runs_every_method_in_its_own_directory(tmp_path, fmnist_available,
-                                                      simulation_host):
-    """Every method but DCFL is a job of one sweep (Hydra's basic launcher, one job after
-    another in one process, as `driftfl run -m` runs by default); DCFL runs beside it as a run
+@pytest.fixture(scope="module")
+def swept(tmp_path_factory, fmnist_available, simulation_host):
+    """Every method but DCFL as a job of one sweep (Hydra's joblib launcher, three at a time:
+    each job's own start-up overlaps the others'), and DCFL beside it as a run
     of its own with 100 condensation iterations instead of 1,000 (the default's condensation
-    and what it ships are measured by tests/dcfl and benchmarks/condense_leakage.py; here, what
-    a DCFL run writes). Both submit to the session's host, whose runs take turns
-    (driftfl.host.SimulationHost.turn)."""
-    sweep = tmp_path / "sweep"
+    and what it ships are measured by tests/dcfl and benchmarks/condense_leakage.py; here,
+    what a DCFL run writes and prints). Both submit to the session's host, whose runs take
+    turns (driftfl.host.SimulationHost.turn). The sweep's directory, and DCFL's console."""
+    root = tmp_path_factory.mktemp("every-method")
+    sweep = root / "sweep"
     others = [name for name in METHODS if name != "dcfl"]
     alone = subprocess.Popen([driftfl_bin(), "run", "strategy=dcfl", *QUICK,
-                              "strategy.condense_iterations=100",
+                              f"strategy.condense_iterations={DCFL_ITERATIONS}",
                               f"hydra.run.dir={sweep / 'dcfl'}"],
-                             cwd=tmp_path, env=simulation_host, stdout=subprocess.PIPE,
+                             cwd=root, env=simulation_host, stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True)
     out = subprocess.run([driftfl_bin(), "run", "-m", f"strategy={','.join(others)}", *QUICK,
+                          "hydra/launcher=joblib", "hydra.launcher.n_jobs=3",
                           f"hydra.sweep.dir={sweep}"],
-                         cwd=tmp_path, env=simulation_host, capture_output=True, text=True,
+                         cwd=root, env=simulation_host, capture_output=True, text=True,
                          timeout=1800)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     said = alone.communicate(timeout=900)
     assert alone.returncode == 0, said[0][-3000:] + said[1][-3000:]
+    return sweep, said[0] + said[1]
+
+
+def test_a_dcfl_runs_console_shows_driftfls_lines_each_once(swept):
+    """The clients' lines come without Ray's "(ClientAppActor pid=...)" prefix and none is
+    folded into "[repeated Nx across cluster]"; each client's similarity line comes once,
+    from the audit after the run."""
+    _, console = swept
+    assert not re.search(r"pid=\d+|repeated \d+x|\x1b\[36m", console), console
+    assert re.search(r"^DCFL: condensing costs each explored client about \d+ s once \(dm "
+                     rf"from noise, {DCFL_ITERATIONS} iterations", console, re.M), console[:3000]
+    for client in range(4):
+        assert len(re.findall(rf"client {client}: \d+ of \d+ shipped images", console)) == 1
+        assert re.search(rf"^condense: client {client} iteration {DCFL_ITERATIONS}/"
+                         rf"{DCFL_ITERATIONS}, ", console, re.M)
+
+
+def test_sweep_runs_every_method_in_its_own_directory(swept):
+    sweep, _ = swept
     jobs = {}
     for job in sweep.iterdir():
         if (job / "config.yaml").exists():
