@@ -19,7 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .dsa_transforms import DEFAULT_TRANSFORMS, DSA_TRANSFORMS, parse_transforms  # noqa: F401  (declared torch-free there; imported from here)
+# declared torch-free there (DCFL's settings check them before torch loads); imported from here
+from .dsa_transforms import DEFAULT_TRANSFORMS, DSA_TRANSFORMS, parse_transforms  # noqa: F401
 from .errors import ConfigError
 
 

@@ -18,7 +18,8 @@ from pydantic import Field, SerializeAsAny
 
 from .composing import composed
 from .dataset_settings import dataset_settings
-from .experiment_settings import MONTH, ExperimentSettings, Section, SimulationSettings  # noqa: F401  (where they were declared before)
+from .experiment_settings import (  # noqa: F401  (where they were declared before)
+    MONTH, ExperimentSettings, Section, SimulationSettings)
 from .model_settings import BUILT_IN_MODELS, ModelSettings
 from .partition import partition_settings
 from .settings import Settings, section, validated

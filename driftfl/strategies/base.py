@@ -118,17 +118,19 @@ class DriftStrategy(FedAvg):
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
         spec = cls.__dict__.get("spec")
-        if spec is None and "method" in cls.__dict__:  # declared on its class alone
+        on_class = spec is None and "method" in cls.__dict__  # declared on its class alone
+        if on_class:
             spec = MethodSpec(cls.method, cls.Settings, cls.default_objective,
                               cls.objective_fixed, cls.provides, cls.unprotected,
                               cls.protection_problem, cls.payload_record, cls.payload_clip,
                               cls.step_budget)
-            register(spec.name, Method(cls, spec.objective, spec.objective_fixed))
-            declare_method(spec, cls.__dict__.get("variants", {}))
-        elif spec is not None:
-            register(spec.name, Method(cls, spec.objective, spec.objective_fixed))
-        else:
+        if spec is None:
             return
+        # the classes' registry first: a name another class holds stops here, before the
+        # declaration would replace that class's
+        register(spec.name, Method(cls, spec.objective, spec.objective_fixed))
+        if on_class:
+            declare_method(spec, cls.__dict__.get("variants", {}))
         cls.spec, cls.method, cls.Settings, cls.provides = (spec, spec.name, spec.Settings,
                                                             spec.provides)
         cls.default_objective, cls.objective_fixed = spec.objective, spec.objective_fixed
