@@ -23,8 +23,10 @@ and runs, writing gpu-sim.json and gpu-sim.log under --out:
    rounds each, at simulation.client_gpus 0.5 and 0.25: status, accuracy, seconds per round;
 3. benchmarks/overhead.py: a CNN round of driftfl against the plain-PyTorch floor on the GPU.
 
-Anywhere, `check --device cpu --quick` runs the same plan on the CPU with small data and
-client_gpus 0 (tests/tools/test_gpu_sim.py runs it). Exits 1 when a step fails.
+Anywhere, `check --device cpu --quick` runs the same plan on the CPU with small data,
+client_gpus 0 and the main job alone in step 2 (each method's step is the same command with its
+overrides, which the test suite's every-method sweep runs on the CPU; tests/tools/test_gpu_sim.py
+runs it). Exits 1 when a step fails.
 """
 
 from __future__ import annotations
@@ -215,7 +217,8 @@ def check(device: str, out: Path, quick: bool) -> int:
     with open(out / "gpu-sim.log", "w") as log:
         steps.append(step(log, "gpu_check", [python, "scripts/gpu_check.py", "--device", device],
                           env, 300))
-        for method, overrides in METHODS.items():
+        methods = {"main job": METHODS["main job"]} if quick else METHODS
+        for method, overrides in methods.items():
             for share in shares:
                 run_dir = out / "runs" / f"{method.replace(' ', '-')}-{share}"
                 done = step(log, f"driftfl run {method}, client_gpus {share}",
