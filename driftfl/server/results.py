@@ -123,6 +123,10 @@ class RunRecorder:
                 "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "host": platform.node(),
                 "device": cfg.device, "torch_threads": torch.get_num_threads()}
         if resumed:  # the earlier parts' provenance, then this part's
+            # a finished run given more rounds is running again: its old summary would tell
+            # `driftfl report` and a stop's line that it had finished; the new one comes at
+            # its end (metrics.json and the checkpoint keep every round meanwhile)
+            (self.dir / "summary.json").unlink(missing_ok=True)
             known = self.dir / "meta.json"
             earlier = json.loads(known.read_text()) if known.is_file() else {}
             meta["resumed_after_round"] = resumed["round"]

@@ -130,3 +130,23 @@ def test_a_finished_run_given_more_rounds_ends_as_the_longer_run(tmp_path, fmnis
     assert all(torch.equal(final[k], resumed[k]) for k in final)
     assert rows_without_timing(extended) == rows_without_timing(longer)
     assert json.loads((extended / "summary.json").read_text())["rounds"] == 3
+
+
+def test_a_finished_run_resumed_past_its_end_and_stopped_says_it_is_stopped(
+        tmp_path, fmnist_available, server_task):
+    """A completed run resumed with more rounds is running again from its first resumed
+    round: stopped there, its directory holds no summary of the earlier end, so the stop's line
+    says where it is saved and how to go on, and `driftfl report` does not count it finished."""
+    from driftfl.launch import saved
+    from driftfl.report.runs import find_runs
+
+    run = tmp_path / "run"
+    run_experiment(InProcessGrid(nodes(100)), experiment("fedavg", "rounds=1"), run, run_id=1)
+    assert saved(run, []).startswith("the run had finished (completed)")
+    with pytest.raises(Stopped):
+        run_experiment(StoppingGrid(nodes(200), stop=3), experiment("fedavg", "rounds=4"), run,
+                       run_id=2, resume=True)
+    assert not (run / "summary.json").exists()
+    assert treefile.read(run / checkpoint.CHECKPOINT)["round"] == 2
+    assert saved(run, []) == f"it is saved after round 2 of 4, go on with: driftfl run resume={run}"
+    assert find_runs([tmp_path]) == ([], [run])
