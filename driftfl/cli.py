@@ -416,7 +416,9 @@ def main(argv: list[str] | None = None) -> None:
     try:
         dispatch(sys.argv[1:] if argv is None else argv)
     except KeyboardInterrupt:  # Ctrl-C before a run started (a run says more itself)
-        print("driftfl: stopped", file=sys.stderr)
+        from driftfl.quiet import say
+
+        say("driftfl: stopped")
         raise SystemExit(130) from None
 
 

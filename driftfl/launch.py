@@ -124,6 +124,7 @@ def launch_simulation(cfg: ExperimentConfig, overrides: list[str], run_dir: Path
     0 when it completed and wrote its results to ``run_dir``. Ctrl-C or a SIGTERM stops the
     SuperLink (and the Ray workers under it) too, and says how to resume."""
     from driftfl.host import HostFailed, host_for
+    from driftfl.quiet import say
 
     launched = time.time()  # the run's start-up counts from here
     check_launch(overrides, run_dir, cfg.simulation.ray_address)
@@ -157,7 +158,7 @@ def launch_simulation(cfg: ExperimentConfig, overrides: list[str], run_dir: Path
         host.close()
         if host.attached and "run_id" in seen:  # the host goes on: only this run stops
             host.stop_run(seen["run_id"])
-        print(f"driftfl: stopped; {saved(run_dir, overrides)}", file=sys.stderr)
+        say(f"driftfl: stopped; {saved(run_dir, overrides)}")  # through a closed pipe too
         # one line, no traceback: Ctrl-C exits 130 as a shell expects
         code = stopped.code if isinstance(stopped, SystemExit) else 128 + signal.SIGINT
         raise SystemExit(code) from None

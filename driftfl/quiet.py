@@ -10,6 +10,7 @@ with what was raised."""
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 from collections.abc import Iterable
@@ -215,6 +216,45 @@ class ClientFailures:
                 "Flower's traceback)\n")
 
 
+# a progress line (driftfl.server.progress): "<step>: <done>/<total> <unit> (<seconds> s)"
+PROGRESS_LINE = re.compile(r"(.+?): \d+/\d+ .* \((\d+) s\)\s*$")
+LOG_EVERY = 30.0  # seconds of a step between its progress lines in a log
+
+# where a line goes when stderr's reader is gone: the terminal the user typed the command in
+TERMINAL = "/dev/tty"
+
+
+# the file descriptors whose reader has gone (drop)
+_dropped: set[int] = set()
+
+
+def drop(stream) -> None:
+    """``stream`` (stdout or stderr) writes to /dev/null from now on: its reader is gone
+    (Ctrl-C on `driftfl run ... 2>&1 | tee run.log` stops tee too), and a write, or the
+    interpreter's last flush, would otherwise end the command with a traceback and exit code 1
+    or 120 instead of the stop's."""
+    nowhere = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(nowhere, stream.fileno())
+    os.close(nowhere)
+    _dropped.add(stream.fileno())
+
+
+def say(line: str) -> None:
+    """``line`` on stderr, or, where stderr's reader is gone, on the terminal (when there is
+    one): a stop's line that says how to go on must reach the user."""
+    if sys.stderr.fileno() not in _dropped:
+        try:
+            print(line, file=sys.stderr, flush=True)
+            return
+        except BrokenPipeError:
+            drop(sys.stderr)
+    try:
+        with open(TERMINAL, "w") as terminal:
+            terminal.write(line + "\n")
+    except OSError:  # no terminal (a job without one): the run directory still says it
+        pass
+
+
 class LiveLine:
     """Writes a run's lines to ``out``; on a terminal, the ServerApp's progress lines
     (driftfl.server.progress) as one line rewritten in place, cleared by the next line."""
@@ -225,9 +265,32 @@ class LiveLine:
         self.out, self.progress = out, PROGRESS
         self.tty = hasattr(out, "isatty") and out.isatty()
         self.pending = False  # a progress line is on the screen, without its newline
+        self.step_shown: tuple[str, float] | None = None  # a log's last progress: step, seconds
+
+    def _thinned(self, line: str) -> bool:
+        """Whether a log (not a terminal) leaves out this progress line: it shows a step's
+        first, then one per LOG_EVERY seconds of the step (a 10-client round would otherwise
+        write a line per client)."""
+        found = PROGRESS_LINE.match(line[len(self.progress):])
+        if not found:
+            return False
+        step, seconds = found.group(1), float(found.group(2))
+        if self.step_shown and self.step_shown[0] == step and (
+                seconds - self.step_shown[1] < LOG_EVERY):
+            return True
+        self.step_shown = (step, seconds)
+        return False
 
     def write(self, line: str) -> None:
+        try:
+            self._write(line)
+        except BrokenPipeError:  # the reader is gone; the run goes on, its directory says all
+            drop(self.out)
+
+    def _write(self, line: str) -> None:
         progress = ANSI.sub("", line).startswith(self.progress)
+        if progress and not self.tty and self._thinned(ANSI.sub("", line)):
+            return
         if self.pending:
             self.out.write("\r\x1b[K")
         if progress and self.tty:

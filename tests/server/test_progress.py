@@ -71,7 +71,7 @@ def test_a_terminal_shows_progress_in_place_and_a_log_as_lines():
     log, terminal = io.StringIO(), Terminal()
     relay(lines, False, log)
     relay(lines, False, terminal)
-    assert log.getvalue() == "".join(lines)
+    assert log.getvalue() == "".join(lines[:2] + lines[3:])  # a step's lines: see below
     assert terminal.getvalue() == (
         "a\nprogress round 1: train: 1/5 clients answered (6 s)\r\x1b[K"
         "progress round 1: train: 2/5 clients answered (11 s)\r\x1b[Kround 1/3\n")
@@ -104,3 +104,14 @@ def test_a_deployed_round_waits_as_flower_does_and_returns_every_reply(monkeypat
     replies = grid.send_and_receive([Sent(), Sent()], timeout=None)
     assert sorted(r.metadata.reply_to_message_id for r in replies) == ["m0", "m1"]
     assert slept == [3.0, 3.0] and grid.get_node_ids() == [7]  # the rest passes through
+
+
+def test_a_log_gets_a_steps_first_progress_line_then_one_per_half_minute():
+    """A 10-client round answered a client every 7 s: a terminal rewrites one line, a log gets
+    the step's first line and then one per 30 s of it, and each new step starts afresh."""
+    train = [f"driftfl: progress round 2: train: {n}/10 clients answered ({5 + 7 * n} s)\n"
+             for n in range(1, 10)]
+    evaluate = ["driftfl: progress round 2: evaluate: 1/2 batches (6 s)\n"]
+    log = io.StringIO()
+    relay([*train, *evaluate], False, log)
+    assert log.getvalue() == "".join([train[0], train[5], evaluate[0]])  # 12 s, 47 s; eval

@@ -217,3 +217,34 @@ def test_a_simulated_clients_exception_is_one_line_with_its_reason():
     shown = io.StringIO()
     relay(report, True, shown)  # verbose: all of it
     assert shown.getvalue() == "".join(report)
+
+
+# Ctrl-C on `driftfl run ... 2>&1 | tee run.log` stops tee too: driftfl's lines then meet a
+# pipe with no reader. Run in a fresh interpreter (its stdout and stderr are what is tested).
+STOPPED_THROUGH_A_CLOSED_PIPE = """
+import sys, time
+import driftfl.quiet as quiet
+quiet.TERMINAL = sys.argv[1]
+sys.stdin.readline()  # the test has closed its end of our stdout and stderr
+quiet.relay(["driftfl: progress round 1: 1/2 clients answered (5 s)\\n", "round 1 ...\\n"], False)
+quiet.say("driftfl: stopped; it is saved after round 1 of 3, go on with: ...")
+print("and what the interpreter flushes last")
+raise SystemExit(130)
+"""
+
+
+def test_a_stop_through_a_closed_pipe_exits_130_and_tells_the_terminal(tmp_path):
+    """No traceback, no exit 1 or 120: the stop's exit code, and its line on the terminal."""
+    import subprocess
+    import sys
+
+    terminal = tmp_path / "tty"
+    run = subprocess.Popen([sys.executable, "-c", STOPPED_THROUGH_A_CLOSED_PIPE, str(terminal)],
+                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    run.stdout.close()
+    run.stderr.close()
+    run.stdin.write(b"go\n")
+    run.stdin.close()
+    assert run.wait(timeout=60) == 130
+    assert terminal.read_text() == ("driftfl: stopped; it is saved after round 1 of 3, go on "
+                                    "with: ...\n")
