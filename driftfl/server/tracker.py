@@ -51,10 +51,18 @@ class TensorBoardTracker:
         self.writer.close()
 
 
+def quiet_mlflow() -> None:
+    """MLflow's notices ("Creating initial MLflow database tables...") would come before
+    driftfl's first line: its loggers show warnings and errors only. MLflow sets them up from
+    this variable as it is imported (a user's own setting wins); call before importing it."""
+    os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
+
+
 def tracking_uri() -> str:
     """The tracking store MLflow would use here (MLFLOW_TRACKING_URI, else its default in the
     current directory), as an absolute URI: the ServerApp that logs runs in another process and
     another working directory (the SuperLink's)."""
+    quiet_mlflow()
     import mlflow
     from mlflow.utils.uri import resolve_uri_if_local
 
@@ -66,6 +74,7 @@ def tracking_uri() -> str:
 
 def mlflow_client(uri: str | None = None):
     """MLflow's client of ``uri`` (None: MLFLOW_TRACKING_URI, else MLflow's default)."""
+    quiet_mlflow()
     from mlflow import MlflowClient
 
     with warnings.catch_warnings():  # MLflow's SQL store on SQLAlchemy 2.1: nothing to change

@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import os
 
 import pytest
 import torch
@@ -137,3 +138,23 @@ def test_a_store_that_cannot_be_used_is_refused_in_one_line(tmp_path, monkeypatc
     assert str(refused.value).startswith(
         "tracker=mlflow: cannot use the MLflow tracking store nosuch://host/path")
     assert "\n" not in str(refused.value)
+
+
+def test_a_new_store_is_prepared_without_mlflows_notices(tmp_path):
+    """`driftfl run tracker=mlflow` on a new store: no "INFO mlflow.store.db.utils: Creating
+    initial MLflow database tables..." before driftfl's first line. A fresh interpreter: MLflow
+    sets its loggers up as it is imported, once per process (this module has imported it)."""
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    prepared = subprocess.run(
+        [sys.executable, "-c", "from driftfl.server.tracker import prepare_mlflow; "
+                               "print(prepare_mlflow())"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+        env={**os.environ, "PYTHONPATH": str(REPO),
+             "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'new.db'}"})
+    assert prepared.returncode == 0, prepared.stderr
+    assert prepared.stdout == f"sqlite:///{tmp_path / 'new.db'}\n" and prepared.stderr == ""
+    assert (tmp_path / "new.db").is_file()
