@@ -171,6 +171,19 @@ def clients_tell_something(rows: list[dict]) -> bool:
     return len(set(Counter(r["client"] for r in rows).values())) > 1
 
 
+def percent_axis(axes, values: list[float]) -> None:
+    """An x axis of accuracies in % that spans at least 10 points around ``values`` and never
+    passes 0 or 100 (a point of room at either end, so a marker there shows whole)."""
+    low, high = max(0.0, min(values) - 2), min(100.0, max(values) + 2)
+    if high - low < 10:  # widen about the values, then against whichever end it met
+        low = max(0.0, low - (10 - (high - low)) / 2)
+        high = min(100.0, max(high, low + 10))
+        low = min(low, high - 10)
+    axes.set_xlim(low - 1, high + 1)
+    axes.set_xticks([t for t in axes.get_xticks() if low <= t <= high])  # not past 0 or 100
+    axes.set_xlim(low - 1, high + 1)
+
+
 def plot_clients(rows: list[dict], path: Path, title: str) -> None:
     """clients.csv in a picture: per client the rounds it was in, by outcome, and where
     per-client evaluation ran, its last measured accuracy before and after local training."""
@@ -205,12 +218,15 @@ def plot_clients(rows: list[dict], path: Path, title: str) -> None:
     fig.legend(*bars.get_legend_handles_labels(), fontsize=8, ncol=len(OUTCOME_COLOURS),
                loc="outside lower center")
     if last:
-        accuracy = axes[0][1]
-        for phase, marker in (("before", "o"), ("after", "s")):
-            shown = [n for n in names if n in last]
-            accuracy.scatter([100 * float(last[n][f"acc_{phase}"]) for n in shown],
-                             [place[n] for n in shown], marker=marker,
+        accuracy, shown, values = axes[0][1], [n for n in names if n in last], []
+        # after: an open square around before's dot, so that equal values both show
+        for phase, style in (("before", {"marker": "o", "s": 18}),
+                             ("after", {"marker": "s", "s": 70, "facecolors": "none",
+                                        "edgecolors": "C1"})):
+            values += [100 * float(last[n][f"acc_{phase}"]) for n in shown]
+            accuracy.scatter(values[-len(shown):], [place[n] for n in shown], **style,
                              label=f"{phase} local training")
+        percent_axis(accuracy, values)
         accuracy.set(xlabel="accuracy on its held-out split (%)",
                      title="last measured round", ylim=bars.get_ylim())
         accuracy.set_yticks([])

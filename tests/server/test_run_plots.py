@@ -4,6 +4,7 @@ clients' label counts) and per_class.png (the global model's accuracy on each cl
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 from PIL import Image
 
@@ -133,3 +134,23 @@ def test_clients_png_only_where_it_tells_the_clients_apart(tmp_path):
     measured = [{**every_round[0], "acc_before": 0.4, "acc_after": 0.6}, *every_round[1:]]
     for name, rows in (("late", late), ("sampled", sampled), ("measured", measured)):
         a_png(finished_with_clients(tmp_path / name, rows))
+
+
+@pytest.mark.parametrize("values, within", [
+    ([100.0, 100.0, 100.0], (89.0, 101.0)),  # every client at 100 %: not 96 to 104 %
+    ([0.0, 3.0], (-1.0, 11.0)),
+    ([40.0, 90.0], (37.0, 93.0)),
+])
+def test_the_clients_accuracy_axis_stays_within_0_and_100_and_spans_10_points(values, within):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+
+    from driftfl.server.plots import percent_axis
+
+    fig, axes = plt.subplots()
+    percent_axis(axes, values)
+    assert axes.get_xlim() == within
+    assert all(0 <= t <= 100 for t in axes.get_xticks())
+    plt.close(fig)
