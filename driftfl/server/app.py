@@ -284,7 +284,9 @@ class RoundEvaluator:
         self.recorder.add_round(row)
         release = self.strategy.release
         print(console.round_line(row, self.cfg.rounds, secure=release.secure,
-                                 dp="" if release.name == "plain" else release.name), flush=True)
+                                 dp="" if release.name == "plain" else release.name,
+                                 left=console.time_left(self.recorder.rows, self.cfg.rounds)),
+              flush=True)
         self.round_started = now
         return MetricRecord({"accuracy": accuracy, "loss": loss})
 

@@ -82,12 +82,16 @@ def _spread(what: str, values: list[int]) -> str:
             f"max {ordered[-1]}")
 
 
-def round_line(row: dict, rounds: int, *, secure: bool = False, dp: str = "") -> str:
+def round_line(row: dict, rounds: int, *, secure: bool = False, dp: str = "",
+               left: float | None = None) -> str:
     """The round's line; ``secure``: SecAgg+ summed the replies, ``dp``: the privacy mode
-    ("central", "distributed"; "": none)."""
+    ("central", "distributed"; "": none); ``left``: the estimated seconds of the rounds to
+    come (time_left)."""
     text = (f"round {row['round']:>3}/{rounds}  test acc {100 * row['test_accuracy']:6.2f}%  "
             f"loss {row['test_loss']:.4f}  |  train {row['train_seconds']:.1f} s  "
             f"eval {row['eval_seconds']:.1f} s")
+    if left is not None:
+        text += f"  (about {duration(left)} left)"
     if row["round"] > 0:
         text += (f"  |  {'secagg+ ' if secure else ''}{row['clients']} clients, "
                  f"{_size(row['bytes_sent'])} out, {_size(row['bytes_received'])} in")
@@ -119,6 +123,15 @@ def round_line(row: dict, rounds: int, *, secure: bool = False, dp: str = "") ->
         text += f"  |  {'DP ' + dp + ', ' if dp else ''}epsilon {row['epsilon']:.3g}"
         text += _dp_figures(row)
     return text
+
+
+def time_left(rows: list[dict], rounds: int) -> float | None:
+    """The rounds to come times the mean of the rounds trained so far (round 0, the start,
+    apart), once a round is trained and while rounds remain; None otherwise."""
+    trained = [r["seconds"] for r in rows if r["round"] > 0]
+    if not trained or rows[-1]["round"] >= rounds:
+        return None
+    return (rounds - rows[-1]["round"]) * sum(trained) / len(trained)
 
 
 def _dp_figures(row: dict) -> str:

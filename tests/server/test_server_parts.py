@@ -128,6 +128,22 @@ def test_a_class_or_client_the_partition_leaves_empty_is_one_warning_line():
     assert console.coverage_warning(covered, ["a", "b", "c"], "pathological") == ""
 
 
+def test_round_line_says_about_how_long_the_rounds_to_come_take():
+    rows = [{"round": 0, "seconds": 30.0}, {"round": 1, "seconds": 10.0},
+            {"round": 2, "seconds": 14.0}]
+    assert console.time_left(rows[:1], 5) is None  # nothing trained yet
+    assert console.time_left(rows, 5) == 36.0  # 3 rounds of 12 s
+    assert console.time_left(rows, 2) is None  # the last round
+    line = console.round_line({"round": 2, "test_accuracy": 0.5, "test_loss": 1.0,
+                               "train_seconds": 12.0, "eval_seconds": 2.0, "clients": 2,
+                               "bytes_sent": 10, "bytes_received": 10, "model_updated": 1},
+                              5, left=36.0)
+    assert "|  train 12.0 s  eval 2.0 s  (about 36.0 s left)  |  2 clients" in line
+    assert "(about 2 min 5 s left)" in console.round_line(
+        {"round": 0, "test_accuracy": 0.1, "test_loss": 2.3, "train_seconds": 0.0,
+         "eval_seconds": 1.0}, 5, left=125.0)
+
+
 def test_round_line_shows_accuracy_time_and_traffic():
     line = console.round_line({"round": 2, "test_accuracy": 0.8512, "test_loss": 0.41,
                                "train_seconds": 12.3, "eval_seconds": 0.8, "clients": 10,
