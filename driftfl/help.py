@@ -3,8 +3,9 @@ that check them (name, type and range, default, meaning), so the help cannot dri
 is accepted. A setting added to a model shows up here with no change to this file.
 
     driftfl run --help                      the groups, their options, every top-level setting
-    driftfl run --help strategy=dcfl        ... and the settings of the options named (their
-                                            values with the other overrides given, too)
+                                            and the settings of each group's default option
+    driftfl run --help strategy=dcfl        ... with the options named instead (their values
+                                            with the other overrides given, too)
 """
 
 from __future__ import annotations
@@ -144,43 +145,38 @@ def group_lines(conf: Path) -> list[str]:
 
 
 def general_help() -> str:
-    """The groups and the top-level settings: needs neither torch nor Flower."""
-    from driftfl.common.composing import conf_dir
-    from driftfl.common.experiment_settings import ExperimentSettings
-
-    settings = model_lines(ExperimentSettings, options=group_defaults(conf_dir()))
-    return "\n".join([HEADER, *group_lines(conf_dir()), "",
-                      "settings (key: type = default, then what it means):", *settings]) + "\n"
+    """The groups, the top-level settings and those of each group's default option: needs
+    neither torch nor Flower."""
+    return run_help([])
 
 
 def option_lines(overrides: list[str], data: Mapping[str, Any]) -> list[str]:
-    """The settings of each option the overrides choose for a section a registry checks
-    (strategy=dcfl, model=mlp, ...), from the schema that checks it; imports torch and Flower
-    (the schemas' modules)."""
+    """The settings of the option each section a registry checks uses (strategy=fedavg,
+    partition=dirichlet, ...), the one the overrides choose or else the default, from the
+    schema that checks it: `partition.alpha` is listed though a run need not name `partition`.
+    Built-in options need neither torch nor Flower (their declarations are torch-free)."""
     from driftfl.common.experiment_settings import ExperimentSettings
     from driftfl.methods import check_experiment
 
     fields = ExperimentSettings.model_fields
-    groups = [word.split("=", 1)[0].lstrip("+~") for word in overrides if "=" in word]
-    groups = [g for g in dict.fromkeys(groups) if g in fields and fields[g].is_required()]
-    if not groups:
-        return []
+    named = {word.split("=", 1)[0].lstrip("+~") for word in overrides if "=" in word}
     checked = check_experiment(data)
     lines = []
-    for group in groups:
+    for group in (g for g in fields if fields[g].is_required()):
         section = getattr(checked, group)
-        lines += ["", f"{group}={section.name}: its settings (key: type = default; here: "
-                      "the value these overrides give):"]
+        if not isinstance(section, BaseModel):  # a required value (label), not a section
+            continue
+        chosen = "" if group in named else " (the default)"
+        lines += ["", f"{group}={section.name}{chosen}: its settings (key: type = default; "
+                      "here: the value these overrides give):"]
         lines += model_lines(type(section), f"{group}.", data[group]) or ["  (none)"]
     return lines
 
 
 def run_help(overrides: list[str]) -> str:
     """`driftfl run --help [overrides]`: the groups and every setting, its value with these
-    overrides where it differs from the default, then the settings of the options they choose.
-    ConfigError where the overrides do not compose."""
-    if not overrides:
-        return general_help()
+    overrides where it differs from the default, then the settings of the options each group
+    uses. ConfigError where the overrides do not compose."""
     from driftfl.common.composing import composed, conf_dir
     from driftfl.common.experiment_settings import ExperimentSettings
 

@@ -142,3 +142,14 @@ def test_help_refuses_an_unknown_option_in_one_line(tmp_path):
     out = driftfl("run", "--help", "strategy=fedproxx", cwd=tmp_path)
     assert out.returncode == 2 and out.stdout == ""
     assert out.stderr.startswith("driftfl: error: unknown strategy 'fedproxx'; valid: dcfl,")
+
+
+def test_the_help_lists_the_settings_of_the_options_a_run_uses_by_default():
+    """partition.alpha, the first thing a non-IID researcher changes, without naming the
+    partition; a named option's settings instead of the default's."""
+    text = general_help()
+    assert "partition=dirichlet (the default): its settings" in text
+    assert "  partition.alpha: " in text and "  strategy.objective: " in text
+    chosen = run_help(["partition=pathological"])
+    assert "partition=pathological: its settings" in chosen
+    assert "partition=dirichlet" not in chosen and "  partition.alpha: " not in chosen
