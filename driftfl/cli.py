@@ -106,6 +106,10 @@ def _run_job(cfg, hydra_subdir: str | None = None, keep: Path | None = None,
             from driftfl.server.tracker import prepare_mlflow
 
             prepare_mlflow()
+        if experiment_cfg.tracker == "wandb" and not deployed:  # deployed: the ServerApp checks
+            from driftfl.server.tracker_wandb import check_wandb
+
+            check_wandb()
         if resume and not deployed:  # a deployed run's ServerApp checks its own checkpoint
             from driftfl.server import checkpoint
 

@@ -172,9 +172,10 @@ class ExperimentSettings(Settings):
         "deployment with node authentication: the owners file `driftfl secure register` wrote, "
         "a path on the SuperLink's machine; a node may then claim only its key's partition. "
         "null: the first node to claim a partition keeps it"))
-    tracker: Literal["none", "tensorboard", "mlflow"] = Field("none", description=(
+    tracker: Literal["none", "tensorboard", "mlflow", "wandb"] = Field("none", description=(
         "also stream per-round metrics there (<run dir>/tensorboard; mlflow: the store "
-        "MLFLOW_TRACKING_URI names)"))
+        "MLFLOW_TRACKING_URI names; wandb: Weights & Biases, offline under <run dir>/wandb "
+        "unless WANDB_MODE says otherwise)"))
     label: str = Field(description=(
         "this run's name in `driftfl report` tables (conf/config.yaml: the strategy's name)"))
     verbose: bool = Field(False, description="also show Flower's own log lines")

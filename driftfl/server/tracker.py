@@ -10,6 +10,8 @@ default when unset: ``mlflow.db`` in the directory `driftfl run` started in): th
 experiment config as the run's parameters, the same columns as metrics per round (step = round),
 and at the end the summary's numbers (``summary.<key>``) and the run directory's files as
 artefacts. ``<run dir>/mlflow.json`` names the MLflow run, so that a resumed run goes on in it.
+
+``tracker=wandb``: Weights & Biases, offline by default (driftfl/server/tracker_wandb.py).
 """
 
 from __future__ import annotations
@@ -186,6 +188,11 @@ class MlflowTracker:
             self.client.set_terminated(run_id, status=status)
 
 
-def make_tracker(name: str, run_dir: Path) -> TensorBoardTracker | MlflowTracker | None:
+def make_tracker(name: str, run_dir: Path):
+    """The tracker ``name`` (tensorboard, mlflow, wandb) of ``run_dir``; None for none."""
+    if name == "wandb":
+        from driftfl.server.tracker_wandb import WandbTracker
+
+        return WandbTracker(run_dir)
     return {"tensorboard": TensorBoardTracker, "mlflow": MlflowTracker}.get(
         name, lambda _: None)(run_dir)
