@@ -22,12 +22,12 @@ nodes, so no strategy code asks who is connected or waits for anyone.
 from __future__ import annotations
 
 import math
+import sys
 from logging import WARNING
 from pathlib import Path
 
 from flwr.app import ConfigRecord
 from flwr.serverapp import Grid
-from flwr.superlink.grid import InMemoryGrid
 from flwr.supercore import log
 
 from driftfl.common.errors import ConfigError
@@ -73,7 +73,10 @@ class Federation:
     def of(grid: Grid, cfg) -> Federation:
         """Flower's simulation runs the ServerApp in its own process over an InMemoryGrid;
         any other grid reaches deployed nodes."""
-        if isinstance(grid, InMemoryGrid):
+        # only a simulation has loaded Flower's in-memory grid: a deployed ServerApp does not
+        # import it (SQLAlchemy and Alembic with it, about 1.5 s of its start-up)
+        simulated = sys.modules.get("flwr.superlink.grid.inmemory_grid")
+        if simulated is not None and isinstance(grid, simulated.InMemoryGrid):
             return SimulatedFederation(grid, cfg)
         return DeployedFederation(grid, cfg)
 
