@@ -26,6 +26,8 @@ for word in $(pip_setting find-links); do args+=(--find-links "$word"); done
 for word in $(pip_setting constraint); do args+=(--constraint "$word"); done
 cert=$(pip_setting cert)
 if [ -n "$cert" ]; then export SSL_CERT_FILE=$cert; fi
-# pip takes the best version across all its indexes; uv does so only when told
+# pip takes the best version across all its indexes, and compiles the modules' bytecode as it
+# installs them; uv does each only when told (without the bytecode, and where
+# PYTHONDONTWRITEBYTECODE is set, every process compiles every module it imports, each time)
 exec "$PYTHON" -m uv pip install --python "$PYTHON" --index-strategy unsafe-best-match \
-  "${args[@]}" "$@"
+  --compile-bytecode "${args[@]}" "$@"
