@@ -27,6 +27,7 @@ from driftfl.common.errors import ConfigError
 from driftfl.common.paths import console_script
 
 from driftfl.host import APP_DIR, CONNECTION
+from driftfl.resume import STOPPED
 
 
 def run_config_arg(overrides: list[str], run_dir: Path, resume: bool = False,
@@ -158,7 +159,11 @@ def launch_simulation(cfg: ExperimentConfig, overrides: list[str], run_dir: Path
         host.close()
         if host.attached and "run_id" in seen:  # the host goes on: only this run stops
             host.stop_run(seen["run_id"])
-        say(f"driftfl: stopped; {saved(run_dir, overrides)}")  # through a closed pipe too
+        line = f"driftfl: stopped; {saved(run_dir, overrides)}"
+        # the run directory keeps the line (a resume removes it): the terminal may be gone
+        with contextlib.suppress(OSError):
+            (run_dir / STOPPED).write_text(line + "\n")
+        say(line)  # through a closed pipe too
         # one line, no traceback: Ctrl-C exits 130 as a shell expects
         code = stopped.code if isinstance(stopped, SystemExit) else 128 + signal.SIGINT
         raise SystemExit(code) from None

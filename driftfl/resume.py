@@ -9,6 +9,9 @@ from pathlib import Path
 
 from driftfl.common.errors import ConfigError
 
+# a stopped run's stop line, in its directory (`driftfl run` writes it; a resume removes it)
+STOPPED = "stopped.txt"
+
 
 def ran_with(run_dir: Path) -> list[str]:
     """The overrides ``driftfl run`` started the run in ``run_dir`` with ([] where it did

@@ -21,6 +21,7 @@ from driftfl.common.config import ExperimentConfig
 from driftfl.common.leakage import to_pixels
 from driftfl.common.partition import describe
 from driftfl.common.json_values import json_safe
+from driftfl.resume import STOPPED
 
 from .plots import (clients_tell_something, plot_accuracy, plot_clients, plot_heatmaps,
                     plot_image_grid, plot_partition, plot_per_class)
@@ -127,6 +128,7 @@ class RunRecorder:
             # `driftfl report` and a stop's line that it had finished; the new one comes at
             # its end (metrics.json and the checkpoint keep every round meanwhile)
             (self.dir / "summary.json").unlink(missing_ok=True)
+            (self.dir / STOPPED).unlink(missing_ok=True)  # and the line of its last stop
             known = self.dir / "meta.json"
             earlier = json.loads(known.read_text()) if known.is_file() else {}
             meta["resumed_after_round"] = resumed["round"]

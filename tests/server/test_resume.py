@@ -139,14 +139,16 @@ def test_a_finished_run_resumed_past_its_end_and_stopped_says_it_is_stopped(
     says where it is saved and how to go on, and `driftfl report` does not count it finished."""
     from driftfl.launch import saved
     from driftfl.report.runs import find_runs
+    from driftfl.resume import STOPPED
 
     run = tmp_path / "run"
     run_experiment(InProcessGrid(nodes(100)), experiment("fedavg", "rounds=1"), run, run_id=1)
     assert saved(run, []).startswith("the run had finished (completed)")
+    (run / STOPPED).write_text("driftfl: stopped; ...\n")  # an earlier stop's line
     with pytest.raises(Stopped):
         run_experiment(StoppingGrid(nodes(200), stop=3), experiment("fedavg", "rounds=4"), run,
                        run_id=2, resume=True)
-    assert not (run / "summary.json").exists()
+    assert not (run / "summary.json").exists() and not (run / STOPPED).exists()
     assert treefile.read(run / checkpoint.CHECKPOINT)["round"] == 2
     assert saved(run, []) == f"it is saved after round 2 of 4, go on with: driftfl run resume={run}"
     assert find_runs([tmp_path]) == ([], [run])
