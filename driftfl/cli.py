@@ -346,9 +346,9 @@ def resumed(args: list[str]) -> tuple[list[str], bool]:
     return ([*args[:at], *merged, *args[at + len(given):], f"hydra.run.dir={folder}"], True)
 
 
-def checked_job(args: list[str]) -> tuple[list[str], Callable]:
+def checked_job(args: list[str]) -> tuple[list[str], Callable, Path]:
     """Hydra's arguments and the job to give it, once the experiment and the directory it
-    writes are checked; ConfigError names the first problem."""
+    writes are checked, and that directory (a sweep's); ConfigError names the first problem."""
     args, resume = resumed(args)
     problem = refusal(args)
     if problem:
@@ -363,7 +363,7 @@ def checked_job(args: list[str]) -> tuple[list[str], Callable]:
     overrides = set(overrides_in(args))
     last = max((i for i, a in enumerate(args) if a in overrides), default=len(args) - 1)
     return ([*args[:last + 1], NO_HYDRA_FILES, *args[last + 1:]],
-            lambda cfg: _run_job(cfg, subdir, keep, resume))
+            lambda cfg: _run_job(cfg, subdir, keep, resume), folder)
 
 
 def run(args: list[str]) -> None:
@@ -381,11 +381,11 @@ def run(args: list[str]) -> None:
 
     from driftfl.common.composing import conf_dir
 
-    job = _run_job  # Hydra runs no job for a flag that only shows something
+    job, folder = _run_job, None  # Hydra runs no job for a flag that only shows something
     try:
         config_path = str(conf_dir())
         if not SHOWING & set(args):
-            args, job = checked_job(args)
+            args, job, folder = checked_job(args)
         elif not NO_OVERRIDES & set(args):
             args, _ = resumed(args)
             if problem := refusal(args, reachable=False):
@@ -401,13 +401,20 @@ def run(args: list[str]) -> None:
         hydra_main()
         return
     global _sweep_codes
-    from driftfl.host import shared_hosts
+    from driftfl.host import HostFailed, shared_hosts
+    from driftfl.launch import EXIT_CODES
 
     _sweep_codes = []
-    try:  # the sweep's jobs share one SuperLink and Ray (in this process: a parallel
-        with shared_hosts():  # launcher's workers each start their own)
+    # the sweep's jobs share one SuperLink and Ray; the joblib launcher's jobs run in worker
+    # processes, which the host started here is lent to
+    lend = folder / "superlink.log" if "hydra/launcher=joblib" in args else None
+    try:
+        with shared_hosts(lend):
             hydra_main()
         codes = _sweep_codes
+    except HostFailed as err:
+        print(f"driftfl: error: {err}", file=sys.stderr)
+        raise SystemExit(EXIT_CODES["failed"]) from None
     finally:
         _sweep_codes = None
     if code := worst(codes):

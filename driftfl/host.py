@@ -8,8 +8,9 @@ each run is a `flwr run` submitted to it, whose simulation joins that Ray instan
 instead of starting one. A lone run has a host of its own, stopped when it ends; a sweep's jobs
 share one (``shared_hosts``), stopped when the sweep ends. A process that started a host can
 lend it to the processes it starts: with DRIFTFL_HOST naming the host's FLWR_HOME, a `driftfl
-run` submits to that host and leaves it running (``SimulationHost.attach``: a parallel sweep's
-workers, the test suite's simulation runs). ``simulation.ray_address`` names a
+run` submits to that host and leaves it running (``SimulationHost.attach``: the workers of a
+parallel sweep, hydra/launcher=joblib, Optuna's parallel trials among them; the test suite's
+simulation runs), the runs taking turns on it (``SimulationHost.turn``). ``simulation.ray_address`` names a
 cluster to join instead of starting Ray. What a run computes does not depend on it: the same
 settings give the same bytes whether run alone or in a sweep (tests/e2e/test_e2e_sweep.py).
 """
@@ -338,14 +339,23 @@ _shared: dict[str | None, SimulationHost] | None = None  # the sweep's hosts, by
 
 
 @contextlib.contextmanager
-def shared_hosts():
+def shared_hosts(lend: Path | None = None):
     """While open, ``host_for`` hands every run of this process one host per Ray address,
-    stopped when it closes."""
+    stopped when it closes. ``lend`` (the host's log): the runs are in other processes this
+    one starts (a parallel launcher's workers), so a local host is started now and lent to
+    them (DRIFTFL_HOST), unless one is lent to this process already; they take turns on it."""
     global _shared
     _shared = {}
+    lent = None
+    if lend is not None and not os.environ.get(HOST_ENV):
+        lent = _shared[None] = SimulationHost(None, lend)
+        lent.start()
+        os.environ[HOST_ENV] = lent.flwr_home  # the workers start after this
     try:
         yield
     finally:
+        if lent is not None:
+            os.environ.pop(HOST_ENV, None)
         hosts, _shared = _shared, None
         for host in hosts.values():
             host.close(quick=True)
