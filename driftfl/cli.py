@@ -407,7 +407,8 @@ def run(args: list[str]) -> None:
     _sweep_codes = []
     # the sweep's jobs share one SuperLink and Ray; the joblib launcher's jobs run in worker
     # processes, which the host started here is lent to
-    lend = folder / "superlink.log" if "hydra/launcher=joblib" in args else None
+    lend = folder / "superlink.log" if "hydra/launcher=joblib" in args and not any(
+        a.startswith("simulation.ray_address=") for a in args) else None  # a cluster: theirs
     try:
         with shared_hosts(lend):
             hydra_main()
