@@ -233,16 +233,26 @@ def drop(stream) -> None:
     (Ctrl-C on `driftfl run ... 2>&1 | tee run.log` stops tee too), and a write, or the
     interpreter's last flush, would otherwise end the command with a traceback and exit code 1
     or 120 instead of the stop's."""
+    descriptor = _descriptor(stream)
+    if descriptor is None:  # not a file (a test's capture): no pipe to lose
+        return
     nowhere = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(nowhere, stream.fileno())
+    os.dup2(nowhere, descriptor)
     os.close(nowhere)
-    _dropped.add(stream.fileno())
+    _dropped.add(descriptor)
+
+
+def _descriptor(stream) -> int | None:
+    try:
+        return stream.fileno()
+    except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation
+        return None
 
 
 def say(line: str) -> None:
     """``line`` on stderr, or, where stderr's reader is gone, on the terminal (when there is
     one): a stop's line that says how to go on must reach the user."""
-    if sys.stderr.fileno() not in _dropped:
+    if _descriptor(sys.stderr) not in _dropped:
         try:
             print(line, file=sys.stderr, flush=True)
             return

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import pytest
 import torch
@@ -70,7 +71,9 @@ def test_a_resumed_run_goes_on_in_the_wandb_run_it_started(tmp_path):
                                                "seconds": 1.0, "round": 1})
     again.finish(torch.nn.Linear(2, 2), {"status": "completed"}, "title")
     folders = offline_runs(run_dir)
-    assert len(folders) == 2 and all(name.endswith(f"-{run_id}") for name in folders)
+    # offline-run-<time>-<id>, and "-1" after a second part started in the same second
+    assert len(folders) == 2 and all(re.fullmatch(rf"offline-run-\d+_\d+-{run_id}(-\d+)?", name)
+                                     for name in folders), (run_id, list(folders))
     assert json.loads((run_dir / "wandb.json").read_text())["id"] == run_id
 
 
