@@ -17,6 +17,7 @@ artefacts. ``<run dir>/mlflow.json`` names the MLflow run, so that a resumed run
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
 import time
@@ -107,12 +108,31 @@ def prepare_mlflow() -> str:
     the SuperLink's. ConfigError in one line where the store cannot be used."""
     uri = tracking_uri()
     try:
-        experiment_id(mlflow_client(uri))
+        with _creating(uri):
+            experiment_id(mlflow_client(uri))
     except Exception as err:  # MLflow's errors for a store it cannot open or reach vary
         raise ConfigError(f"tracker=mlflow: cannot use the MLflow tracking store {uri} "
                           f"(MLFLOW_TRACKING_URI): {str(err).splitlines()[0]}") from None
     os.environ["MLFLOW_TRACKING_URI"] = uri
     return uri
+
+
+@contextlib.contextmanager
+def _creating(uri: str):
+    """While open, no other driftfl process prepares the same SQLite store: the parallel jobs
+    of a sweep (hydra/launcher=joblib) would otherwise create a new store's tables at once,
+    which MLflow's migrations refuse. A lock file per store in the temporary directory."""
+    if not uri.startswith("sqlite:///"):  # a tracking server orders its own writers
+        yield
+        return
+    import fcntl
+    import hashlib
+    import tempfile
+
+    key = hashlib.sha256(uri.encode()).hexdigest()[:16]
+    with open(Path(tempfile.gettempdir()) / f"driftfl-mlflow-{key}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
 
 
 class MlflowTracker:
