@@ -10,8 +10,8 @@ share one (``shared_hosts``), stopped when the sweep ends. A process that starte
 lend it to the processes it starts: with DRIFTFL_HOST naming the host's FLWR_HOME, a `driftfl
 run` submits to that host and leaves it running (``SimulationHost.attach``: the workers of a
 parallel sweep, hydra/launcher=joblib, Optuna's parallel trials among them; the test suite's
-simulation runs), the runs taking turns on it (``SimulationHost.turn``). ``simulation.ray_address`` names a
-cluster to join instead of starting Ray. What a run computes does not depend on it: the same
+simulation runs), the runs taking turns on it (``SimulationHost.turn``).
+``simulation.ray_address`` names a cluster to join instead of starting Ray. What a run computes does not depend on it: the same
 settings give the same bytes whether run alone or in a sweep (tests/e2e/test_e2e_sweep.py).
 """
 
