@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -78,8 +79,16 @@ def simulation_host(tmp_path_factory):
     from driftfl.host import HOST_ENV, SimulationHost
 
     host = SimulationHost(None, tmp_path_factory.mktemp("simulation-host") / "host.log")
+    # Its Ray counts one CPU, so a run's clients take turns in one worker: the suite runs a
+    # worker per core, each with a host of its own, and a second Ray worker per run (its own
+    # imports, about 5.5 s of CPU) would only compete for the same core. Runs that are about
+    # clients training side by side start their own host (the stop and sweep tests).
     try:
-        host.start()
+        os.environ["RAY_OVERRIDE_RESOURCES"] = json.dumps({"CPU": 1})
+        try:
+            host.start()
+        finally:
+            del os.environ["RAY_OVERRIDE_RESOURCES"]
         yield {**os.environ, HOST_ENV: host.flwr_home}
     finally:
         host.close(quick=True)

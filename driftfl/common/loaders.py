@@ -8,18 +8,31 @@ tested on small files.
 from __future__ import annotations
 
 import gzip
+import hashlib
+import os
 import pickle
+import tempfile
 from pathlib import Path
 
 import numpy as np
 
 from .errors import ConfigError
+from .paths import cache_dir
 
 IDX_MAGIC = {0x0801: 1, 0x0803: 3}  # unsigned-byte labels (1-D) and images (3-D)
 
 
 def read_idx(path: Path) -> np.ndarray:
-    """Read an IDX file (MNIST family), gzipped or not."""
+    """Read an IDX file (MNIST family), gzipped or not. A gzipped file is decompressed once and
+    kept decoded in driftfl's cache, by its path, size and time: every process of a run reads
+    the training set (the CLI, the ServerApp, each client worker), and decompressing
+    Fashion-MNIST's took each about 0.4 s of CPU, reading the decoded copy 0.1 s."""
+    decoded = _decoded_copy(path) if path.suffix == ".gz" else None
+    if decoded is not None and decoded.is_file():
+        try:
+            return np.load(decoded, allow_pickle=False)
+        except (OSError, ValueError):  # a copy cut short: decode the file again
+            pass
     opener = gzip.open if path.suffix == ".gz" else open
     with opener(path, "rb") as f:
         raw = f.read()
@@ -31,7 +44,33 @@ def read_idx(path: Path) -> np.ndarray:
     data = np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * ndim)
     if data.size != int(np.prod(dims)):
         raise ConfigError(f"{path} is truncated: expected {dims}, found {data.size} bytes")
-    return data.reshape(dims).copy()  # writable, so torch can share it without warnings
+    data = data.reshape(dims).copy()  # writable, so torch can share it without warnings
+    if decoded is not None:
+        _keep(decoded, data)
+    return data
+
+
+def _decoded_copy(path: Path) -> Path:
+    """Where the decoded copy of the gzipped IDX file ``path`` is kept: a name that changes
+    when the file is replaced or touched."""
+    stat = path.stat()
+    key = hashlib.sha256(f"{path.resolve()}\0{stat.st_size}\0{stat.st_mtime_ns}".encode())
+    return cache_dir() / "idx" / f"{path.name.removesuffix('.gz')}-{key.hexdigest()[:16]}.npy"
+
+
+def _keep(target: Path, data: np.ndarray) -> None:
+    """Write ``data`` to ``target`` whole or not at all (write, then rename: processes
+    starting together never read half a file); a cache that cannot be written is skipped."""
+    scratch = None
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, scratch = tempfile.mkstemp(dir=target.parent, suffix=".npy")
+        with os.fdopen(fd, "wb") as f:
+            np.save(f, data, allow_pickle=False)
+        os.replace(scratch, target)
+    except OSError:
+        if scratch is not None:
+            Path(scratch).unlink(missing_ok=True)
 
 
 def find_idx(root: Path, stem: str) -> Path | None:

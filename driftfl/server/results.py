@@ -165,7 +165,7 @@ class RunRecorder:
         self.classes = summary.get("classes")
         counted = [c for c in summary.get("clients", []) if c.get("label_histogram")]
         if counted:  # partition.png: the clients' label counts, where they are known
-            # drawn beside the first round: flwr-datasets' import alone took 4 s of start-up
+            # drawn beside the first round, not in the run's start-up
             self.drawing = threading.Thread(target=_draw_alone, daemon=True, args=(
                 plot_partition, counted, self.classes, self.dir / "partition.png",
                 f"clients' training labels on {summary.get('dataset', '?')} ({self.split})"))

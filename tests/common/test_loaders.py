@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import os
 import pickle
 
 import numpy as np
@@ -41,6 +42,26 @@ def test_idx_reader_reads_gzip_and_plain(tmp_path):
     write_idx(tmp_path / "b", images, gz=False)
     assert np.array_equal(loaders.read_idx(tmp_path / "a.gz"), images)
     assert np.array_equal(loaders.read_idx(tmp_path / "b"), images)
+
+
+def test_a_gzipped_idx_file_is_decoded_once_and_again_when_it_changes(tmp_path, monkeypatch):
+    monkeypatch.setenv("DRIFTFL_CACHE", str(tmp_path / "cache"))
+    images = np.random.default_rng(1).integers(0, 256, (5, 28, 28)).astype(np.uint8)
+    write_idx(tmp_path / "a.gz", images, gz=True)
+    assert np.array_equal(loaders.read_idx(tmp_path / "a.gz"), images)
+    [kept] = (tmp_path / "cache" / "idx").glob("a-*.npy")
+    assert np.array_equal(np.load(kept), images)
+    monkeypatch.setattr(loaders.gzip, "open", None)  # the second read does not decompress
+    assert np.array_equal(loaders.read_idx(tmp_path / "a.gz"), images)
+    monkeypatch.undo()
+    monkeypatch.setenv("DRIFTFL_CACHE", str(tmp_path / "cache"))
+    write_idx(tmp_path / "a.gz", images[:3], gz=True)  # the file replaced: read afresh
+    os.utime(tmp_path / "a.gz", ns=(1, 1))
+    assert np.array_equal(loaders.read_idx(tmp_path / "a.gz"), images[:3])
+    kept.write_bytes(kept.read_bytes()[:40])  # a copy cut short is never read as data
+    [newer] = set((tmp_path / "cache" / "idx").glob("a-*.npy")) - {kept}
+    newer.write_bytes(newer.read_bytes()[:40])
+    assert np.array_equal(loaders.read_idx(tmp_path / "a.gz"), images[:3])
 
 
 def test_idx_reader_rejects_other_files(tmp_path):
