@@ -77,3 +77,8 @@ def metric_name_problem(metric: str, written: Iterable[str] = ()) -> str | None:
     if forged:
         return f"metric '{metric}' would write the server's own column '{forged}'"
     return None
+
+
+def plottable(value) -> bool:
+    """A column value a tracker plots: an int or float (a bool is neither here)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)

@@ -24,16 +24,13 @@ import time
 import warnings
 from pathlib import Path
 
+from driftfl.common.columns import plottable
 from driftfl.common.errors import ConfigError
 
 RECORD = "mlflow.json"  # the MLflow run this run directory's rounds went to
 # not artefacts: the resume state (the model and optimiser states, rewritten every round) and
 # the SuperLink's log, still being written when the run ends
 NOT_ARTEFACTS = {"checkpoint.pt", "superlink.log", RECORD}
-
-
-def _numeric(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 class TensorBoardTracker:
@@ -46,7 +43,7 @@ class TensorBoardTracker:
         """One round's row, its lists and dicts already flattened into columns."""
         step = int(flat_row["round"])
         for key, value in flat_row.items():
-            if key != "round" and _numeric(value):
+            if key != "round" and plottable(value):
                 self.writer.add_scalar(key, value, step)
         self.writer.flush()  # readable at once, not when the run ends
 
@@ -178,7 +175,7 @@ class MlflowTracker:
         stamp = int(1000 * time.time())
         self.client.log_batch(self.run_id, metrics=[
             Metric(key, float(value), stamp, step) for key, value in flat_row.items()
-            if key != "round" and _numeric(value)])
+            if key != "round" and plottable(value)])
 
     def close(self) -> None:
         """The summary's numbers, the run directory's files, and the run's end."""
@@ -191,7 +188,7 @@ class MlflowTracker:
         stamp = int(1000 * time.time())
         self.client.log_batch(self.run_id, metrics=[
             Metric(f"summary.{key}", float(value), stamp, 0)
-            for key, value in summary.items() if _numeric(value)])
+            for key, value in summary.items() if plottable(value)])
         for path in sorted(self.dir.iterdir()):
             if path.name in NOT_ARTEFACTS:
                 continue

@@ -13,6 +13,7 @@ import json
 import os
 from pathlib import Path
 
+from driftfl.common.columns import plottable
 from driftfl.common.errors import ConfigError
 
 RECORD = "wandb.json"  # the W&B run this run directory's rounds went to
@@ -25,10 +26,6 @@ def check_wandb() -> None:
         raise ConfigError("tracker=wandb needs the wandb package, which is not installed: "
                           ".venv/bin/python -m pip install wandb (or choose tracker=tensorboard "
                           "or tracker=mlflow)")
-
-
-def _numeric(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 class WandbTracker:
@@ -64,7 +61,7 @@ class WandbTracker:
         if self.run is None:
             self._start()
         self.run.log({key: float(value) for key, value in flat_row.items()
-                      if key != "round" and _numeric(value)}, step=int(flat_row["round"]))
+                      if key != "round" and plottable(value)}, step=int(flat_row["round"]))
 
     def close(self) -> None:
         """The summary's numbers, and the run's end."""
@@ -73,6 +70,6 @@ class WandbTracker:
         summary_file = self.dir / "summary.json"
         summary = json.loads(summary_file.read_text()) if summary_file.is_file() else {}
         self.run.summary.update({f"summary.{key}": value for key, value in summary.items()
-                                 if _numeric(value)})
+                                 if plottable(value)})
         run, self.run = self.run, None
         run.finish(exit_code=1 if summary.get("status") == "failed" else 0)

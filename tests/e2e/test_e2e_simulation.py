@@ -147,10 +147,13 @@ def test_plain_flwr_run_reads_the_same_conf_tree(tmp_path, fmnist_available, sim
     command = [console_script("flwr"), "run", str(REPO), CONNECTION, "--stream", "--run-config",
                f"overrides='{overrides}' run-dir='{run_dir}' num-server-rounds=2 "
                "strategy='fedprox'"]
+    # Flower's default asks 2 CPUs a client; the session's host counts one (conftest)
+    one_cpu = "client_resources_num_cpus=1"
     started = time.monotonic()
-    too_few = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    too_few = subprocess.run([*command, "--federation-config", one_cpu], env=env,
+                             capture_output=True, text=True, timeout=600)
     seconds = time.monotonic() - started
-    out = subprocess.run([*command, "--federation-config", "num_supernodes=4"],
+    out = subprocess.run([*command, "--federation-config", f"num_supernodes=4 {one_cpu}"],
                          env=env, capture_output=True, text=True, timeout=600)
     refusal = [line for line in too_few.stdout.splitlines() if "driftfl: error:" in line]
     assert refusal and refusal[0].endswith(
