@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -71,27 +72,41 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
-@pytest.fixture(scope="session")
-def simulation_host(tmp_path_factory):
-    """One simulation host (Ray and a SuperLink, driftfl.host) for the session's `driftfl run`s
-    that are not about starting or stopping one: the environment a run gets to submit to it
-    (DRIFTFL_HOST). Started on first use, stopped when the session ends."""
+@contextlib.contextmanager
+def host_with(tmp_path_factory, name: str, **extra: str):
+    """A simulation host (Ray and a SuperLink, driftfl.host) whose processes, Ray's workers
+    included, run with ``extra`` in their environment; yields the environment a `driftfl run`
+    gets to submit to it (DRIFTFL_HOST), and stops it after. Its Ray counts one CPU, so a run's
+    clients take turns in one worker: the suite runs a worker per core, each with hosts of its
+    own, and a second Ray worker per run (its own imports, about 5.5 s of CPU) would only
+    compete for the same core. Runs that are about clients training side by side start their
+    own host (the stop and sweep tests)."""
     from driftfl.host import HOST_ENV, SimulationHost
 
-    host = SimulationHost(None, tmp_path_factory.mktemp("simulation-host") / "host.log")
-    # Its Ray counts one CPU, so a run's clients take turns in one worker: the suite runs a
-    # worker per core, each with a host of its own, and a second Ray worker per run (its own
-    # imports, about 5.5 s of CPU) would only compete for the same core. Runs that are about
-    # clients training side by side start their own host (the stop and sweep tests).
+    host = SimulationHost(None, tmp_path_factory.mktemp(name) / "host.log")
+    extra = {"RAY_OVERRIDE_RESOURCES": json.dumps({"CPU": 1}), **extra}
+    before = {k: os.environ.get(k) for k in extra}
     try:
-        os.environ["RAY_OVERRIDE_RESOURCES"] = json.dumps({"CPU": 1})
+        os.environ.update(extra)
         try:
             host.start()
         finally:
-            del os.environ["RAY_OVERRIDE_RESOURCES"]
+            for key, value in before.items():
+                if value is None:
+                    del os.environ[key]
+                else:
+                    os.environ[key] = value
         yield {**os.environ, HOST_ENV: host.flwr_home}
     finally:
         host.close(quick=True)
+
+
+@pytest.fixture(scope="session")
+def simulation_host(tmp_path_factory):
+    """One simulation host for the session's `driftfl run`s that are not about starting or
+    stopping one (host_with). Started on first use, stopped when the session ends."""
+    with host_with(tmp_path_factory, "simulation-host") as env:
+        yield env
 
 
 # seconds each of the longest modules took with two workers on 2 cores (benchmarks/

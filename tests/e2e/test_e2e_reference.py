@@ -15,12 +15,11 @@ equal under it). A change that is meant to change results updates REFERENCE, and
 from __future__ import annotations
 
 import hashlib
-import os
 import subprocess
 
 import pytest
 
-from conftest import driftfl_bin
+from conftest import driftfl_bin, host_with
 
 pytestmark = pytest.mark.e2e
 
@@ -37,13 +36,23 @@ REFERENCE = {  # case: its overrides beside SMALL, and the SHA-256 of the final 
 }
 
 
+@pytest.fixture(scope="module")
+def portable_host(tmp_path_factory):
+    """The module's runs submit to one host whose processes compute with portable arithmetic:
+    Ray's workers, where the clients train, take their environment from the host, not from
+    the run."""
+    with host_with(tmp_path_factory, "portable-host", **PORTABLE) as env:
+        yield {**env, **PORTABLE}
+
+
 @pytest.mark.parametrize("case", sorted(REFERENCE))
-def test_a_reference_run_ends_in_the_same_model_bytes(case, tmp_path, fmnist_available):
+def test_a_reference_run_ends_in_the_same_model_bytes(case, tmp_path, fmnist_available,
+                                                      portable_host):
     overrides, expected = REFERENCE[case]
     run_dir = tmp_path / "run"
     out = subprocess.run([driftfl_bin(), "run", *SMALL, *overrides, f"hydra.run.dir={run_dir}"],
-                         cwd=tmp_path, env={**os.environ, **PORTABLE}, capture_output=True,
-                         text=True, timeout=600)
+                         cwd=tmp_path, env=portable_host, capture_output=True, text=True,
+                         timeout=600)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     digest = hashlib.sha256((run_dir / "model.pt").read_bytes()).hexdigest()
     assert digest == expected, (
