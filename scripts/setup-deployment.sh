@@ -19,6 +19,11 @@ as_root() {
   fi
 }
 
+# One at a time: two test workers may set up at once, and apt holds its locks (the second
+# waits here, then finds its packages installed).
+exec 9>"${TMPDIR:-/tmp}/driftfl-setup-deployment.lock"
+flock 9
+
 apt_install() {  # install the Debian packages that are missing
   local missing=()
   for pkg in "$@"; do

@@ -110,12 +110,13 @@ def simulation_host(tmp_path_factory):
 
 
 # seconds each of the longest modules took with two workers on 2 cores (benchmarks/
-# suite_time.py, docs/benchmarks.md): they start first, so that none is left running alone at
-# the end of the suite while the other workers idle
-LONGEST = {"tests/e2e/test_e2e_readme.py": 610, "tests/e2e/test_e2e_deployment_two_nodes.py": 500,
-           "tests/e2e/test_e2e_every_method.py": 480, "tests/e2e/test_e2e_simulation.py": 350,
-           "tests/e2e/test_e2e_deployment.py": 340, "tests/e2e/test_e2e_compose.py": 240,
-           "tests/tools/test_gpu_sim.py": 180}
+# suite_time.py, docs/benchmarks.md; the compose demo's as in CI, which builds its image and
+# base image from nothing): they start first, so that none is left running alone at the end
+# of the suite while the other workers idle
+LONGEST = {"tests/e2e/test_e2e_deployment_two_nodes.py": 490, "tests/e2e/test_e2e_compose.py": 450,
+           "tests/e2e/test_e2e_readme.py": 420, "tests/e2e/test_e2e_deployment.py": 305,
+           "tests/e2e/test_e2e_every_method.py": 280, "tests/e2e/test_e2e_simulation.py": 190,
+           "tests/e2e/test_e2e_readme_deployment.py": 100, "tests/tools/test_gpu_sim.py": 60}
 
 
 def pytest_collection_modifyitems(config, items):
