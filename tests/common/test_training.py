@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn.functional as F
 
 from driftfl.client.objectives import OBJECTIVES, Batch, Objective, build_objective
 from driftfl.client.train import TrainSettings, batches, train_locally
 from driftfl.common.models import build_model
+from driftfl.common.training import LocalSGD
 
 SETTINGS = TrainSettings(epochs=2, batch_size=4, lr=0.1, momentum=0.9, weight_decay=1e-4)
 
@@ -113,3 +115,26 @@ def test_logit_shift_is_kl_of_the_trained_to_the_global_logits_on_a_fixed_probe(
     expected = (F.softmax(after, 1) * (F.log_softmax(after, 1) - F.log_softmax(before, 1)))
     assert abs(shift.measure(net) - float(expected.sum(1).mean())) < 1e-6
     assert LogitShift(net, x, 0, torch.Generator()).measure(net) == 0.0  # samples=0: off
+
+
+@pytest.mark.parametrize("momentum,weight_decay", [(0.0, 0.0), (0.9, 5e-4)])
+def test_local_sgd_steps_as_torch_optim_sgd_to_the_byte(momentum, weight_decay):
+    """LocalSGD (torch's update function without the class, which imports torch._dynamo) against
+    torch.optim.SGD: the same parameters after steps where a layer's gradient is sometimes
+    absent (frozen for a step: SGD skips it and keeps its momentum)."""
+    ours, theirs = model(seed=3), model(seed=3)
+    x, y = data(n=32, seed=1)
+    local = LocalSGD(ours.parameters(), lr=0.05, momentum=momentum, weight_decay=weight_decay)
+    reference = torch.optim.SGD(theirs.parameters(), lr=0.05, momentum=momentum,
+                                weight_decay=weight_decay)
+    for step in range(6):
+        for net, optimizer in ((ours, local), (theirs, reference)):
+            optimizer.zero_grad()
+            F.cross_entropy(net(x[step * 4:step * 4 + 8]), y[step * 4:step * 4 + 8]).backward()
+            if step == 2:  # the first layer sits this step out
+                next(net.parameters()).grad = None
+            optimizer.step()
+    for a, b in zip(ours.state_dict().values(), theirs.state_dict().values()):
+        assert torch.equal(a, b)
+    assert any(not torch.equal(a, b) for a, b in zip(ours.state_dict().values(),
+                                                     model(seed=3).state_dict().values()))
