@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import time
 
 import pytest
 import torch
@@ -40,10 +41,19 @@ def record(run_dir, rounds, resumed=None):
     return recorder
 
 
-def offline_runs(run_dir) -> dict[str, bytes]:
-    """Each offline run folder W&B wrote under the run directory: its record log's bytes."""
-    return {folder.name: b"".join(log.read_bytes() for log in folder.glob("run-*.wandb"))
-            for folder in sorted((run_dir / "wandb").glob("offline-run-*"))}
+def offline_runs(run_dir, holding: bytes = b"", timeout: float = 30) -> dict[str, bytes]:
+    """Each offline run folder W&B wrote under the run directory: its record log's bytes, once
+    every log holds ``holding``. W&B's writer is a process of its own, which may still be
+    writing the log when ``finish()`` has returned (seen once in about 30 runs on a busy
+    machine: the log's header alone)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        runs = {folder.name: b"".join(log.read_bytes() for log in folder.glob("run-*.wandb"))
+                for folder in sorted((run_dir / "wandb").glob("offline-run-*"))}
+        if (runs and all(holding in log for log in runs.values())) \
+                or time.monotonic() > deadline:
+            return runs
+        time.sleep(0.2)
 
 
 def test_a_run_is_written_offline_with_its_config_rounds_and_summary(tmp_path, capsys):
@@ -55,7 +65,7 @@ def test_a_run_is_written_offline_with_its_config_rounds_and_summary(tmp_path, c
     assert written["mode"] == "offline"
     assert f"driftfl: W&B run {written['id']} (offline) at {run_dir / 'wandb'}" in \
         capsys.readouterr().out
-    [(folder, log)] = offline_runs(run_dir).items()
+    [(folder, log)] = offline_runs(run_dir, holding=b"summary.final_accuracy").items()
     assert folder.endswith(f"-{written['id']}")
     for logged in (b"test_accuracy", b"acc_class_0", b"summary.final_accuracy",
                    b"strategy.name", b"fedprox"):
