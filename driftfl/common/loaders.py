@@ -9,15 +9,14 @@ from __future__ import annotations
 
 import gzip
 import hashlib
-import os
 import pickle
-import tempfile
 from pathlib import Path
 
 import numpy as np
 
 from .errors import ConfigError
 from .paths import cache_dir
+from .untrusted import replaced
 
 IDX_MAGIC = {0x0801: 1, 0x0803: 3}  # unsigned-byte labels (1-D) and images (3-D)
 
@@ -59,18 +58,14 @@ def _decoded_copy(path: Path) -> Path:
 
 
 def _keep(target: Path, data: np.ndarray) -> None:
-    """Write ``data`` to ``target`` whole or not at all (write, then rename: processes
+    """Write ``data`` to ``target`` whole or not at all (``untrusted.replaced``: processes
     starting together never read half a file); a cache that cannot be written is skipped."""
-    scratch = None
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
-        fd, scratch = tempfile.mkstemp(dir=target.parent, suffix=".npy")
-        with os.fdopen(fd, "wb") as f:
+        with replaced(target, "wb") as f:
             np.save(f, data, allow_pickle=False)
-        os.replace(scratch, target)
     except OSError:
-        if scratch is not None:
-            Path(scratch).unlink(missing_ok=True)
+        pass
 
 
 def find_idx(root: Path, stem: str) -> Path | None:

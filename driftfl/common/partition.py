@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
 import warnings
 from collections.abc import Mapping
 from functools import lru_cache
@@ -22,6 +20,7 @@ from pydantic import Field
 from .errors import ConfigError
 from .paths import cache_dir
 from .settings import MANY, Settings, section
+from .untrusted import replaced
 
 
 class PartitionSettings(Settings):
@@ -230,10 +229,8 @@ def _partition_table(labels: np.ndarray, spec: Mapping | PartitionSettings, num_
     indices = np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, dtype=np.int64)
     path.parent.mkdir(parents=True, exist_ok=True)
     # Write then rename: clients starting together never read a half-written file.
-    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".npz")
-    with os.fdopen(fd, "wb") as f:
+    with replaced(path, "wb") as f:
         np.savez(f, indices=indices, offsets=offsets)
-    os.replace(tmp, path)
     return indices, offsets
 
 
