@@ -11,8 +11,9 @@ lend it to the processes it starts: with DRIFTFL_HOST naming the host's FLWR_HOM
 run` submits to that host and leaves it running (``SimulationHost.attach``: the workers of a
 parallel sweep, hydra/launcher=joblib, Optuna's parallel trials among them; the test suite's
 simulation runs), the runs taking turns on it (``SimulationHost.turn``).
-``simulation.ray_address`` names a cluster to join instead of starting Ray. What a run computes does not depend on it: the same
-settings give the same bytes whether run alone or in a sweep (tests/e2e/test_e2e_sweep.py).
+``simulation.ray_address`` names a cluster to join instead of starting Ray. What a run computes
+does not depend on it: the same settings give the same bytes whether run alone or in a sweep
+(tests/e2e/test_e2e_sweep.py).
 """
 
 from __future__ import annotations

@@ -84,18 +84,12 @@ def host_with(tmp_path_factory, name: str, **extra: str):
     from driftfl.host import HOST_ENV, SimulationHost
 
     host = SimulationHost(None, tmp_path_factory.mktemp(name) / "host.log")
-    extra = {"RAY_OVERRIDE_RESOURCES": json.dumps({"CPU": 1}), **extra}
-    before = {k: os.environ.get(k) for k in extra}
     try:
-        os.environ.update(extra)
-        try:
+        with pytest.MonkeyPatch.context() as patch:  # the host's processes only
+            for key, value in {"RAY_OVERRIDE_RESOURCES": json.dumps({"CPU": 1}),
+                               **extra}.items():
+                patch.setenv(key, value)
             host.start()
-        finally:
-            for key, value in before.items():
-                if value is None:
-                    del os.environ[key]
-                else:
-                    os.environ[key] = value
         yield {**os.environ, HOST_ENV: host.flwr_home}
     finally:
         host.close(quick=True)

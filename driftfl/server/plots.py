@@ -1,5 +1,6 @@
 """The run directory's pictures: accuracy and loss, per-class accuracy, the clients' label split,
-the clients' rounds and accuracies, per-round matrices and image sets. Matplotlib draws on its Agg backend: a server has no display."""
+the clients' rounds and accuracies, per-round matrices and image sets. Matplotlib draws on its
+Agg backend: a server has no display."""
 
 from __future__ import annotations
 
